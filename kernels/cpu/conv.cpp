@@ -1,0 +1,177 @@
+// Plain-loop convolution. No im2col: work is split over (image, band of rows) so one
+// task's input rows and output rows stay in cache while every channel pair visits them;
+// the innermost loop is a row-long axpy or dot that the compiler vectorizes.
+#include "kernels/cpu/conv.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/row_ops.hpp"
+
+namespace ht::cpu {
+
+void validate(const ConvGeom& g) {
+  auto need = [](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("ConvGeom: ") + what);
+  };
+  need(g.n > 0 && g.cin > 0 && g.hin > 0 && g.win > 0 && g.cout > 0, "sizes must be > 0");
+  need(g.kh > 0 && g.kw > 0, "kernel must be > 0");
+  need(g.stride_h > 0 && g.stride_w > 0, "stride must be > 0");
+  need(g.dil_h > 0 && g.dil_w > 0, "dilation must be > 0");
+  need(g.pad_top >= 0 && g.pad_bottom >= 0 && g.pad_left >= 0 && g.pad_right >= 0,
+       "padding must be >= 0");
+  need(g.hin + g.pad_top + g.pad_bottom >= g.dil_h * (g.kh - 1) + 1 &&
+           g.win + g.pad_left + g.pad_right >= g.dil_w * (g.kw - 1) + 1,
+       "kernel extent larger than the padded input");
+}
+
+namespace {
+
+constexpr int kBand = 4;  // output rows per task: a few KiB per channel, fits L1/L2
+
+// Output columns [lo, hi) whose tap `k` lands inside [0, in): 0 <= o*s - pad + k*d < in.
+struct Span {
+  int lo, hi, in0;  // in0: input column of output column lo
+};
+inline Span tap_span(int out, int in, int s, int pad, int kd) {
+  int lo = std::max(0, div_ceil(pad - kd, s));
+  int hi = std::min(out, div_floor(in - 1 + pad - kd, s) + 1);
+  return {lo, std::max(lo, hi), lo * s - pad + kd};
+}
+
+}  // namespace
+
+template <class T>
+void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
+  validate(g);
+  const int ho = g.hout(), wo = g.wout(), bands = (ho + kBand - 1) / kBand;
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
+  std::vector<Span> spans(g.kw);
+  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int n = 0; n < g.n; ++n)
+    for (int b = 0; b < bands; ++b) {
+      const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+      for (int co = 0; co < g.cout; ++co) {
+        T* yc = y + (size_t(n) * g.cout + co) * yplane;
+        std::fill(yc + size_t(oh0) * wo, yc + size_t(oh1) * wo, bias ? bias[co] : T(0));
+        for (int ci = 0; ci < g.cin; ++ci) {
+          const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
+          const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+          for (int oh = oh0; oh < oh1; ++oh)
+            for (int r = 0; r < g.kh; ++r) {
+              const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
+              if (ih < 0 || ih >= g.hin) continue;
+              const T* xr = xc + size_t(ih) * g.win;
+              T* yr = yc + size_t(oh) * wo;
+              for (int k = 0; k < g.kw; ++k) {
+                const Span& s = spans[k];
+                axpy(s.hi - s.lo, wc[r * g.kw + k], xr + s.in0, g.stride_w, yr + s.lo, 1);
+              }
+            }
+        }
+      }
+    }
+}
+
+// Gather by input row: each task owns a band of dx rows for every channel, so the
+// scatter of the adjoint never races.
+template <class T>
+void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx) {
+  validate(g);
+  const int ho = g.hout(), wo = g.wout(), bands = (g.hin + kBand - 1) / kBand;
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
+  std::vector<Span> spans(g.kw);
+  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int n = 0; n < g.n; ++n)
+    for (int b = 0; b < bands; ++b) {
+      const int ih0 = b * kBand, ih1 = std::min(g.hin, ih0 + kBand);
+      for (int ci = 0; ci < g.cin; ++ci) {
+        T* xc = dx + (size_t(n) * g.cin + ci) * xplane;
+        std::fill(xc + size_t(ih0) * g.win, xc + size_t(ih1) * g.win, T(0));
+        for (int co = 0; co < g.cout; ++co) {
+          const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
+          const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+          for (int ih = ih0; ih < ih1; ++ih)
+            for (int r = 0; r < g.kh; ++r) {
+              // ih = oh*s - pad + r*d  =>  oh = (ih + pad - r*d) / s when divisible.
+              const int num = ih + g.pad_top - r * g.dil_h;
+              if (num < 0 || num % g.stride_h) continue;
+              const int oh = num / g.stride_h;
+              if (oh >= ho) continue;
+              const T* yr = yc + size_t(oh) * wo;
+              T* xr = xc + size_t(ih) * g.win;
+              for (int k = 0; k < g.kw; ++k) {
+                const Span& s = spans[k];
+                axpy(s.hi - s.lo, wc[r * g.kw + k], yr + s.lo, 1, xr + s.in0, g.stride_w);
+              }
+            }
+        }
+      }
+    }
+}
+
+// Each thread accumulates dW (in double) over its bands into a private slot; slots are
+// summed in thread order, so the result is deterministic for a given thread count.
+template <class T>
+void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, T* dbias) {
+  validate(g);
+  const int ho = g.hout(), wo = g.wout(), bands = (ho + kBand - 1) / kBand;
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
+  const size_t nw = g.w_size(), slot = nw + g.cout;
+  std::vector<Span> spans(g.kw);
+  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+  const int nthr = std::max(1, std::min(omp_get_max_threads(), g.n * bands));
+  std::vector<double> acc(size_t(nthr) * slot, 0.0);
+
+#pragma omp parallel num_threads(nthr)
+  {
+    double* a = acc.data() + size_t(omp_get_thread_num()) * slot;
+#pragma omp for collapse(2) schedule(static)
+    for (int n = 0; n < g.n; ++n)
+      for (int b = 0; b < bands; ++b) {
+        const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+        for (int co = 0; co < g.cout; ++co) {
+          const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
+          for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
+          for (int ci = 0; ci < g.cin; ++ci) {
+            const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
+            double* ac = a + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+            for (int oh = oh0; oh < oh1; ++oh)
+              for (int r = 0; r < g.kh; ++r) {
+                const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
+                if (ih < 0 || ih >= g.hin) continue;
+                const T* xr = xc + size_t(ih) * g.win;
+                const T* yr = yc + size_t(oh) * wo;
+                for (int k = 0; k < g.kw; ++k) {
+                  const Span& s = spans[k];
+                  ac[r * g.kw + k] += dot(s.hi - s.lo, yr + s.lo, xr + s.in0, g.stride_w);
+                }
+              }
+          }
+        }
+      }
+  }
+  for (size_t i = 0; i < slot; ++i) {
+    double t = 0;
+    for (int j = 0; j < nthr; ++j) t += acc[size_t(j) * slot + i];
+    if (i < nw) dw[i] = T(t);
+    else if (dbias) dbias[i - nw] = T(t);
+  }
+}
+
+template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*, float*);
+template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*, double*);
+template void conv2d_backward_data<float>(const ConvGeom&, const float*, const float*, float*);
+template void conv2d_backward_data<double>(const ConvGeom&, const double*, const double*, double*);
+template void conv2d_backward_weights<float>(const ConvGeom&, const float*, const float*, float*, float*);
+template void conv2d_backward_weights<double>(const ConvGeom&, const double*, const double*, double*, double*);
+
+}  // namespace ht::cpu

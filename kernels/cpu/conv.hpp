@@ -1,0 +1,56 @@
+// 2-D convolution on NCHW tensors: plain loops (float and double; the double path is
+// the numerical reference) and a oneDNN float path with cached primitives.
+#pragma once
+
+#include "kernels/geometry.hpp"
+
+#include <cstddef>
+#include <memory>
+
+namespace ht::cpu {
+
+// Geometry of one convolution. Padding may be asymmetric (TensorFlow `same` puts the odd
+// pixel at bottom/right; a shard's halo makes it anything). Output size uses floor.
+using ::ht::ConvGeom;  // kernels/geometry.hpp: shared with the CUDA kernels
+
+// Throws std::invalid_argument when a field is out of range or the output is empty.
+void validate(const ConvGeom& g);
+
+// Cross-correlation as torch.nn.functional.conv2d. w is [cout][cin][kh][kw]; bias may be
+// null. All outputs are overwritten.
+template <class T>
+void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y);
+template <class T>
+void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx);
+// dbias may be null.
+template <class T>
+void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, T* dbias);
+
+// The fast float path. Primitives are built on first use and rebuilt when the calling
+// thread's OpenMP thread count changes. Inputs and outputs are plain NCHW / OIHW; when
+// oneDNN prefers a blocked layout the data is reordered through a per-thread scratch
+// area that is shared by all instances (see workspace_bytes()). Same semantics as the
+// plain loops; not safe to call one instance from two threads at once.
+class DnnlConv2d {
+ public:
+  explicit DnnlConv2d(const ConvGeom& g);
+  ~DnnlConv2d();
+  DnnlConv2d(DnnlConv2d&&) noexcept;
+  DnnlConv2d& operator=(DnnlConv2d&&) noexcept;
+
+  const ConvGeom& geom() const { return g_; }
+  void forward(const float* x, const float* w, const float* bias, float* y);
+  void backward_data(const float* dy, const float* w, float* dx);
+  void backward_weights(const float* x, const float* dy, float* dw, float* dbias);
+
+  // Upper bound of the scratch bytes one call may use beyond its arguments (reorder
+  // buffers and oneDNN's own scratchpad), for the memory model. Valid after a call.
+  size_t workspace_bytes() const;
+
+ private:
+  struct Impl;
+  ConvGeom g_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ht::cpu

@@ -1,0 +1,36 @@
+// Element-wise kernels, global average pooling and the rectangle copies used to pack and
+// unpack halos. All tensors NCHW contiguous.
+#pragma once
+
+#include <cstddef>
+
+namespace ht::cpu {
+
+template <class T>
+void relu_forward(size_t n, const T* x, T* y);
+// dx = dy where y > 0, else 0 (torch's threshold_backward on the output). dx may alias dy.
+template <class T>
+void relu_backward(size_t n, const T* y, const T* dy, T* dx);
+
+// sums[i] += sum over hw of x[i], i < n*c (the caller divides by the global H*W).
+template <class T>
+void global_avg_sum(int n, int c, long hw, const T* x, double* sums);
+// dx[i][*] = dy[i] * scale (overwrite), i < n*c; scale is 1/(global H*W).
+template <class T>
+void global_avg_backward(int n, int c, long hw, const T* dy, double scale, T* dx);
+
+// Rectangle rows [row0, row0+rows) x cols [col0, col0+cols) of every (n, c) plane of a
+// [n][c][h][w] tensor, to/from a packed [n][c][rows][cols] buffer.
+template <class T>
+void pack_rect(const T* src, int n, int c, int src_h, int src_w, int row0, int col0, int rows,
+               int cols, T* packed);
+// dst rectangle = packed.
+template <class T>
+void unpack_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0,
+                 int rows, int cols, T* dst);
+// dst rectangle += packed (the backward of a halo exchange sums into the owner).
+template <class T>
+void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0,
+                     int rows, int cols, T* dst);
+
+}  // namespace ht::cpu

@@ -1,0 +1,22 @@
+// Losses. Each returns the SUM of per-element losses (in double) over its inputs and, when
+// grad is not null, writes grad = d(sum)/d(input) * grad_scale. The caller picks
+// grad_scale (1/batch, 1/pixels, ...) and divides the reduced sum for reporting.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ht::cpu {
+
+// logits [n][k], labels [n] in [0, k) (else std::out_of_range). Loss -log softmax[label].
+template <class T>
+double softmax_xent(int n, int k, const T* logits, const int32_t* labels, double grad_scale,
+                    T* grad);
+// Per element max(x,0) - x*t + log1p(exp(-|x|)), stable for any x; grad sigmoid(x) - t.
+template <class T>
+double sigmoid_bce(size_t count, const T* logits, const T* targets, double grad_scale, T* grad);
+// Per element (p - t)^2; grad 2 (p - t).
+template <class T>
+double mse(size_t count, const T* pred, const T* target, double grad_scale, T* grad);
+
+}  // namespace ht::cpu

@@ -1,0 +1,133 @@
+// Batch-norm pieces, parallel over (image, channel) planes. Reductions accumulate each
+// plane in T (vector-friendly) in short blocks and the blocks in double, then add the
+// per-plane results in a fixed order so results do not depend on the thread count.
+#include "kernels/cpu/norm.hpp"
+
+#include <cstddef>
+#include <vector>
+
+namespace ht::cpu {
+
+namespace {
+
+constexpr long kBlock = 1024;  // elements summed in T before going to double
+
+// Runs `plane(p, out2)` for every (n, c) plane into a private pair of doubles, then adds
+// the pairs to a[c], b[c] in plane order.
+template <class F>
+void reduce_planes(int n, int c, double* a, double* b, F plane) {
+  const long planes = long(n) * c;
+  std::vector<double> part(size_t(planes) * 2, 0.0);
+#pragma omp parallel for schedule(static)
+  for (long p = 0; p < planes; ++p) plane(p, &part[size_t(p) * 2]);
+  for (long p = 0; p < planes; ++p) {
+    a[p % c] += part[size_t(p) * 2];
+    if (b) b[p % c] += part[size_t(p) * 2 + 1];
+  }
+}
+
+}  // namespace
+
+template <class T>
+void channel_sum(int n, int c, long hw, const T* x, double* sum) {
+  reduce_planes(n, c, sum, nullptr, [&](long p, double* out) {
+    const T* xp = x + size_t(p) * hw;
+    for (long i0 = 0; i0 < hw; i0 += kBlock) {
+      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (long i = i0; i < i1; ++i) s += xp[i];
+      out[0] += double(s);
+    }
+  });
+}
+
+template <class T>
+void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out_sum) {
+  reduce_planes(n, c, out_sum, nullptr, [&](long p, double* out) {
+    const T* xp = x + size_t(p) * hw;
+    const T m = T(mean[p % c]);
+    for (long i0 = 0; i0 < hw; i0 += kBlock) {
+      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (long i = i0; i < i1; ++i) s += (xp[i] - m) * (xp[i] - m);
+      out[0] += double(s);
+    }
+  });
+}
+
+template <class T>
+void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
+                      const T* gamma, const T* beta, T* y) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static)
+  for (long p = 0; p < planes; ++p) {
+    const int ch = int(p % c);
+    const T m = T(mean[ch]), s = T(double(gamma[ch]) * invstd[ch]), b = beta[ch];
+    const T* xp = x + size_t(p) * hw;
+    T* yp = y + size_t(p) * hw;
+#pragma omp simd
+    for (long i = 0; i < hw; ++i) yp[i] = (xp[i] - m) * s + b;
+  }
+}
+
+template <class T>
+void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
+                      const double* invstd, double* sum_dy, double* sum_dy_xhat) {
+  std::vector<double> sdx(c, 0.0);
+  reduce_planes(n, c, sum_dy, sdx.data(), [&](long p, double* out) {
+    const T* dp = dy + size_t(p) * hw;
+    const T* xp = x + size_t(p) * hw;
+    const T m = T(mean[p % c]);
+    for (long i0 = 0; i0 < hw; i0 += kBlock) {
+      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+      T s = 0, sx = 0;
+#pragma omp simd reduction(+ : s, sx)
+      for (long i = i0; i < i1; ++i) {
+        s += dp[i];
+        sx += dp[i] * (xp[i] - m);
+      }
+      out[0] += double(s);
+      out[1] += double(sx);
+    }
+  });
+  // invstd is constant per channel: apply it once to the sum of dy*(x-mean).
+  for (int ch = 0; ch < c; ++ch) sum_dy_xhat[ch] += sdx[ch] * invstd[ch];
+}
+
+template <class T>
+void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean,
+                       const double* invstd, const T* gamma, const double* sum_dy,
+                       const double* sum_dy_xhat, double count, T* dx) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static)
+  for (long p = 0; p < planes; ++p) {
+    const int ch = int(p % c);
+    // dx = k*dy + a*(x-mean) + b  with the per-channel constants below.
+    const double is = invstd[ch], k = double(gamma[ch]) * is;
+    const T tk = T(k), m = T(mean[ch]);
+    const T a = T(-k * is * sum_dy_xhat[ch] / count), b = T(-k * sum_dy[ch] / count);
+    const T* dp = dy + size_t(p) * hw;
+    const T* xp = x + size_t(p) * hw;
+    T* out = dx + size_t(p) * hw;
+#pragma omp simd
+    for (long i = 0; i < hw; ++i) out[i] = tk * dp[i] + a * (xp[i] - m) + b;
+  }
+}
+
+#define HT_NORM_INST(T)                                                                        \
+  template void channel_sum<T>(int, int, long, const T*, double*);                            \
+  template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);      \
+  template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*,   \
+                                    const T*, const T*, T*);                                  \
+  template void bn_backward_sums<T>(int, int, long, const T*, const T*, const double*,        \
+                                    const double*, double*, double*);                         \
+  template void bn_backward_apply<T>(int, int, long, const T*, const T*, const double*,       \
+                                     const double*, const T*, const double*, const double*,   \
+                                     double, T*);
+HT_NORM_INST(float)
+HT_NORM_INST(double)
+#undef HT_NORM_INST
+
+}  // namespace ht::cpu

@@ -1,0 +1,32 @@
+// Batch-norm pieces. Statistics span the batch and every shard of an image, so the caller
+// reduces the partial sums across ranks between the pieces:
+//   forward : channel_sum -> (allreduce) mean -> channel_sq_dev_sum -> (allreduce)
+//             invstd = 1/sqrt(var + eps) -> bn_forward_apply
+//   backward: bn_backward_sums -> (allreduce) -> bn_backward_apply
+// Sums are double and accumulate (+=) so a caller can add several tensors into one.
+#pragma once
+
+namespace ht::cpu {
+
+// sum[c] += sum over n, hw of x.
+template <class T>
+void channel_sum(int n, int c, long hw, const T* x, double* sum);
+// out[c] += sum over n, hw of (x - mean[c])^2 (two-pass variance: no cancellation).
+template <class T>
+void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out);
+// y = (x - mean) * invstd * gamma + beta.
+template <class T>
+void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
+                      const T* gamma, const T* beta, T* y);
+// sum_dy[c] += sum dy; sum_dy_xhat[c] += sum dy * (x - mean) * invstd.
+template <class T>
+void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
+                      const double* invstd, double* sum_dy, double* sum_dy_xhat);
+// dx = gamma*invstd*(dy - sum_dy/count - xhat*sum_dy_xhat/count); count = global N*H*W.
+// dgamma = sum_dy_xhat and dbeta = sum_dy (after the reduction) are the caller's.
+template <class T>
+void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean,
+                       const double* invstd, const T* gamma, const double* sum_dy,
+                       const double* sum_dy_xhat, double count, T* dx);
+
+}  // namespace ht::cpu

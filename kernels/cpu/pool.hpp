@@ -1,0 +1,29 @@
+// Max and average pooling on NCHW tensors, floor mode, asymmetric padding.
+#pragma once
+
+#include "kernels/geometry.hpp"
+
+#include <cstddef>
+
+namespace ht::cpu {
+
+using ::ht::PoolGeom;  // kernels/geometry.hpp: shared with the CUDA kernels
+
+// Throws std::invalid_argument when a field is out of range or the output is empty.
+void validate(const PoolGeom& g);
+
+// Padding never wins a max (it is -inf, as in PyTorch); a window wholly in padding gives
+// -inf and no gradient. NaN propagates. dx is overwritten; each window's gradient goes to
+// its FIRST maximal element in row-major scan order, as PyTorch's CPU kernel.
+template <class T>
+void max_pool_forward(const PoolGeom& g, const T* x, T* y);
+template <class T>
+void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx);
+
+// Average over the window's elements inside the image (count_include_pad=False).
+template <class T>
+void avg_pool_forward(const PoolGeom& g, const T* x, T* y);
+template <class T>
+void avg_pool_backward(const PoolGeom& g, const T* dy, T* dx);
+
+}  // namespace ht::cpu

@@ -1,0 +1,54 @@
+// The elementwise halves of batch norm, in double per element: the statistics arrive as
+// doubles reduced over all shards, and double keeps x - mean exact for large means.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.hpp"
+
+namespace ht::cuda {
+namespace {
+
+__global__ void bn_forward_apply_kernel(int64_t total, int c, int64_t hw, const float* x, const double* mean,
+                                        const double* invstd, const float* gamma, const float* beta,
+                                        float* y) {
+  HT_GRID_STRIDE(i, total) {
+    const int ch = int(i / hw % c);
+    const double g = gamma ? double(gamma[ch]) : 1.0, b = beta ? double(beta[ch]) : 0.0;
+    y[i] = float((double(x[i]) - mean[ch]) * invstd[ch] * g + b);
+  }
+}
+
+// dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), the training-
+// mode gradient through the batch statistics; sums and count cover every shard.
+__global__ void bn_backward_apply_kernel(int64_t total, int c, int64_t hw, const float* dy, const float* x,
+                                         const double* mean, const double* invstd, const float* gamma,
+                                         const double* sum_dy, const double* sum_dy_xhat, double count,
+                                         float* dx) {
+  HT_GRID_STRIDE(i, total) {
+    const int ch = int(i / hw % c);
+    const double g = gamma ? double(gamma[ch]) : 1.0;
+    const double xhat = (double(x[i]) - mean[ch]) * invstd[ch];
+    dx[i] = float(g * invstd[ch] * (double(dy[i]) - sum_dy[ch] / count - xhat * sum_dy_xhat[ch] / count));
+  }
+}
+
+}  // namespace
+
+void launch_bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* mean,
+                             const double* invstd, const float* gamma, const float* beta, float* y) {
+  const size_t total = size_t(n) * c * hw;
+  if (!total) return;
+  bn_forward_apply_kernel<<<grid_for(total), kThreads>>>(int64_t(total), c, hw, x, mean, invstd, gamma, beta,
+                                                         y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                              const double* invstd, const float* gamma, const double* sum_dy,
+                              const double* sum_dy_xhat, double count, float* dx) {
+  const size_t total = size_t(n) * c * hw;
+  if (!total) return;
+  bn_backward_apply_kernel<<<grid_for(total), kThreads>>>(int64_t(total), c, hw, dy, x, mean, invstd, gamma,
+                                                          sum_dy, sum_dy_xhat, count, dx);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ht::cuda

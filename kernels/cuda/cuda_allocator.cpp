@@ -1,0 +1,54 @@
+#include "kernels/cuda/cuda_allocator.hpp"
+
+#include <utility>
+
+#include "kernels/cuda/check.hpp"
+
+namespace ht::cuda {
+
+CudaAllocator::CudaAllocator(std::string device_name, int device, uint64_t budget_bytes)
+    : Allocator(std::move(device_name), budget_bytes), device_(device) {}
+
+void* CudaAllocator::raw_allocate(size_t bytes) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls do not see it
+    return nullptr;
+  }
+  CUDA_CHECK(status);
+  return p;
+}
+
+void CudaAllocator::raw_deallocate(void* ptr) {
+  // A failure here (a context already torn down at exit) leaves nothing to recover.
+  if (cudaSetDevice(device_) == cudaSuccess) (void)cudaFree(ptr);
+  (void)cudaGetLastError();
+}
+
+void* DeviceScratch::get(size_t bytes) {
+  if (bytes <= bytes_) return ptr_;
+  release();
+  // Round up so slowly growing requests do not reallocate (and synchronize) every call;
+  // near the budget the exact size may still fit.
+  const size_t unit = bytes < (size_t(1) << 20) ? 4096 : size_t(1) << 20;
+  size_t rounded = (bytes + unit - 1) / unit * unit;
+  try {
+    ptr_ = alloc_.allocate(rounded, what_);
+  } catch (const DeviceMemoryError&) {
+    if (rounded == bytes) throw;
+    rounded = bytes;
+    ptr_ = alloc_.allocate(rounded, what_);
+  }
+  bytes_ = rounded;
+  return ptr_;
+}
+
+void DeviceScratch::release() {
+  if (ptr_) alloc_.deallocate(ptr_, bytes_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace ht::cuda

@@ -1,0 +1,109 @@
+// The CUDA ComputeBackend: cuDNN (legacy API, cuDNN 8 and 9) for convolutions, .cu
+// kernels for everything else. All work goes to the device's legacy default stream, so
+// calls are ordered among themselves and with the NCCL comm's blocking stream, and every
+// method that returns host data is synchronous. Deterministic: no atomics, fixed
+// reduction shapes, deterministic cuDNN algorithms where one exists.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_allocator.hpp"
+#include "worker/backend.hpp"
+
+namespace ht::cuda {
+
+// cuDNN state lives in cudnn_conv.cpp only, so this header and the backend's other
+// sources build without cuDNN headers.
+class CudaBackend;
+struct CudnnContext;
+CudnnContext* create_cudnn_context();
+void destroy_cudnn_context(CudnnContext* ctx);
+std::unique_ptr<ConvKernel> make_cudnn_conv(CudaBackend& backend, const ConvGeom& geom);
+
+// cuDNN may use at most this much workspace per convolution call (the memory model counts
+// it once: the workspace is shared by every conv of a backend).
+constexpr size_t kConvWorkspaceLimit = size_t(256) << 20;
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  explicit CudaBackend(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  Backend kind() const override { return Backend::CUDA; }
+  Allocator& allocator() override { return alloc_; }
+  std::string device_name() const override { return alloc_.device(); }
+  int device() const { return device_; }
+
+  void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void from_host(void* dst, const void* host_src, size_t bytes) override;
+  void fill_zero(float* dst, size_t count) override;
+  void copy(float* dst, const float* src, size_t count) override;
+  void add(float* dst, const float* src, size_t count) override;
+  void scale(float* dst, float factor, size_t count) override;
+  void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
+                 float* dst) override;
+  void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
+                   float* dst, bool accumulate) override;
+
+  std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) override;
+  void max_pool_forward(const PoolGeom& g, const float* x, float* y) override;
+  void max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx) override;
+  void avg_pool_forward(const PoolGeom& g, const float* x, float* y) override;
+  void avg_pool_backward(const PoolGeom& g, const float* dy, float* dx) override;
+
+  void channel_sum(int n, int c, int64_t hw, const float* x, double* host_sum) override;
+  void channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                          double* host_out) override;
+  void bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                        const double* host_invstd, const float* gamma, const float* beta, float* y) override;
+  void bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
+                        const double* host_invstd, double* host_sum_dy, double* host_sum_dy_xhat) override;
+  void bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
+                         const double* host_invstd, const float* gamma, const double* host_sum_dy,
+                         const double* host_sum_dy_xhat, double count, float* dx) override;
+
+  void relu_forward(size_t count, const float* x, float* y) override;
+  void relu_backward(size_t count, const float* y, const float* dy, float* dx) override;
+  void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
+  void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
+  void dense_forward(int n, int in, int out, const float* x, const float* w, const float* b,
+                     float* y) override;
+  void dense_backward(int n, int in, int out, const float* x, const float* w, const float* dy, float* dx,
+                      float* dw, float* db) override;
+
+  double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels, double grad_scale,
+                      float* grad) override;
+  double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
+                     float* grad) override;
+  double mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad) override;
+
+  void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) override;
+  void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr, float beta1, float beta2,
+                 float eps, int64_t step) override;
+
+  void synchronize() override;
+
+  // For the conv kernels: the shared workspace and padded-copy buffers, the cuDNN context
+  // (created on first use) and a device that is current on the calling thread.
+  void bind() const;
+  DeviceScratch& conv_workspace() { return workspace_; }
+  DeviceScratch& conv_padded() { return padded_; }
+  DeviceScratch& partials() { return partials_; }
+  CudnnContext& cudnn();
+
+ private:
+  // Copies per-channel host doubles into the parameter scratch; returns device pointers.
+  std::vector<const double*> upload(std::initializer_list<std::pair<const double*, size_t>> arrays);
+  // Adds segments x blocks partials (copied to the host) in order into host_out[segments].
+  void finish_on_host(const double* partials, int segments, int blocks, double* host_out);
+
+  int device_;
+  CudaAllocator alloc_;
+  DeviceScratch params_, partials_, labels_, workspace_, padded_;
+  std::unique_ptr<CudnnContext, void (*)(CudnnContext*)> cudnn_{nullptr, destroy_cudnn_context};
+};
+
+}  // namespace ht::cuda

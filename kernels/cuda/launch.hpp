@@ -1,0 +1,81 @@
+// Launchers of the .cu kernels: plain functions the backend calls (llm.c style: a kernel
+// plus a launcher). None of them needs cuDNN. All run on the legacy default stream except
+// where a stream is passed, and check the launch with CUDA_CHECK_LAUNCH.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/geometry.hpp"
+
+namespace ht::cuda {
+
+// elementwise.cu
+void launch_add(float* dst, const float* src, size_t count);
+void launch_scale(float* dst, float factor, size_t count);
+void launch_relu_forward(size_t count, const float* x, float* y);
+void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx);
+// Rectangles of `planes` planes [h, w] <-> packed [planes, rows, cols]. Also used to pad
+// (unpack into a zeroed larger buffer) and crop (pack out of one) for cuDNN.
+void launch_pack_rect(const float* src, int planes, int h, int w, int row0, int col0, int rows, int cols,
+                      float* dst);
+void launch_unpack_rect(const float* src, int planes, int h, int w, int row0, int col0, int rows, int cols,
+                        float* dst, bool accumulate);
+void launch_add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y);
+// dx[p, i] = dy[p] * scale for every plane p of hw elements.
+void launch_broadcast_planes(int planes, int64_t hw, const float* dy, double scale, float* dx);
+
+// pool.cu: floor mode, asymmetric padding; max ignores padding, avg divides by the count
+// of in-image taps (PyTorch count_include_pad=False).
+void launch_max_pool_forward(const PoolGeom& g, const float* x, float* y);
+void launch_max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx);
+void launch_avg_pool_forward(const PoolGeom& g, const float* x, float* y);
+void launch_avg_pool_backward(const PoolGeom& g, const float* dy, float* dx);
+
+// reduce.cu: deterministic segmented sums in double. Segment s is reduced by `blocks`
+// blocks into partials[s * blocks + b]; the split depends on the sizes only, so the result
+// is bit-identical from run to run. The caller adds the partials in order.
+int reduce_blocks(int64_t length);
+void launch_channel_sum(int n, int c, int64_t hw, const float* x, int blocks, double* partials);
+void launch_channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean, int blocks,
+                               double* partials);
+// Two sums per channel: partials [c][blocks] of dy and [c][blocks] of dy * xhat after them.
+void launch_bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                             const double* invstd, int blocks, double* partials);
+void launch_plane_sum(int planes, int64_t hw, const float* x, int blocks, double* partials);
+// out[s] = float(sum of partials of segment s, in order).
+void launch_finish_sums(int segments, int blocks, const double* partials, float* out);
+
+// bn.cu (elementwise halves of batch norm; per-channel parameters in device doubles).
+void launch_bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* mean,
+                             const double* invstd, const float* gamma, const float* beta, float* y);
+void launch_bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                              const double* invstd, const float* gamma, const double* sum_dy,
+                              const double* sum_dy_xhat, double count, float* dx);
+
+// dense.cu: y = x W + b with W (in, out), row-major; sums in double.
+void launch_dense_forward(int n, int in, int out, const float* x, const float* w, const float* b, float* y);
+void launch_dense_backward(int n, int in, int out, const float* x, const float* w, const float* dy, float* dx,
+                           float* dw, float* db);
+
+// loss.cu: per-row (softmax) or per-block (elementwise) loss sums in double, gradients
+// scaled by grad_scale. grad may be null.
+void launch_softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale,
+                         float* grad, double* row_loss);
+int loss_blocks(size_t count);
+void launch_sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
+                        float* grad, int blocks, double* partials);
+void launch_mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad,
+                int blocks, double* partials);
+
+// optim.cu: PyTorch semantics (see CudaBackend::adam_step).
+void launch_sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum);
+void launch_adam_step(size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
+                      float eps, float step_size, float bias_correction2_sqrt);
+
+// comm.cu: out[i] = sum over r in rank order of gathered[r * len + i], in float from zero.
+void launch_sum_ranks(const float* gathered, int ranks, size_t len, float* out, cudaStream_t stream);
+
+}  // namespace ht::cuda

@@ -1,0 +1,80 @@
+// Losses: each returns per-row or per-block sums of the per-element loss in double and
+// writes d(sum)/dx * grad_scale. Formulas are the numerically stable ones PyTorch uses.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.hpp"
+
+namespace ht::cuda {
+namespace {
+
+// One thread per image: k (classes) is small.
+__global__ void softmax_xent_kernel(int n, int k, const float* logits, const int32_t* labels,
+                                    double grad_scale, float* grad, double* row_loss) {
+  HT_GRID_STRIDE(r, n) {
+    const float* z = logits + r * k;
+    double zmax = z[0];
+    for (int j = 1; j < k; ++j) zmax = fmax(zmax, double(z[j]));
+    double denom = 0.0;
+    for (int j = 0; j < k; ++j) denom += exp(double(z[j]) - zmax);
+    const double log_denom = log(denom);
+    const int label = labels[r];
+    row_loss[r] = log_denom - (double(z[label]) - zmax);
+    if (grad)
+      for (int j = 0; j < k; ++j) {
+        const double p = exp(double(z[j]) - zmax - log_denom);
+        grad[r * k + j] = float((p - (j == label ? 1.0 : 0.0)) * grad_scale);
+      }
+  }
+}
+
+// loss = max(x, 0) - x t + log(1 + exp(-|x|)); d/dx = sigmoid(x) - t.
+struct SigmoidBce {
+  const float* logits;
+  const float* targets;
+  double grad_scale;
+  float* grad;
+  __device__ void operator()(int, int64_t e, double* acc) const {
+    const double x = logits[e], t = targets[e];
+    acc[0] += fmax(x, 0.0) - x * t + log1p(exp(-fabs(x)));
+    if (grad) {
+      const double s = x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+      grad[e] = float((s - t) * grad_scale);
+    }
+  }
+};
+
+struct SquaredError {
+  const float* pred;
+  const float* targets;
+  double grad_scale;
+  float* grad;
+  __device__ void operator()(int, int64_t e, double* acc) const {
+    const double d = double(pred[e]) - double(targets[e]);
+    acc[0] += d * d;
+    if (grad) grad[e] = float(2.0 * d * grad_scale);
+  }
+};
+
+}  // namespace
+
+void launch_softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale,
+                         float* grad, double* row_loss) {
+  if (!n) return;
+  softmax_xent_kernel<<<grid_for(size_t(n)), kThreads>>>(n, k, logits, labels, grad_scale, grad, row_loss);
+  CUDA_CHECK_LAUNCH();
+}
+
+int loss_blocks(size_t count) { return reduce_blocks(int64_t(count)); }
+
+void launch_sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
+                        float* grad, int blocks, double* partials) {
+  segment_reduce<1>(1, int64_t(count), blocks, SigmoidBce{logits, targets, grad_scale, grad}, partials);
+}
+
+void launch_mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad,
+                int blocks, double* partials) {
+  segment_reduce<1>(1, int64_t(count), blocks, SquaredError{pred, targets, grad_scale, grad}, partials);
+}
+
+}  // namespace ht::cuda

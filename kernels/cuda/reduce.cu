@@ -1,0 +1,94 @@
+// Per-channel and per-plane sums in double for batch norm, bias gradients and global
+// pooling. The host (or launch_finish_sums) adds the per-block partials in order.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.hpp"
+
+namespace ht::cuda {
+namespace {
+
+// Element e of channel s in an NCHW tensor: image e / hw, pixel e % hw.
+__device__ inline int64_t channel_index(int c, int64_t hw, int s, int64_t e) {
+  return (e / hw * c + s) * hw + e % hw;
+}
+
+struct ChannelSum {
+  int c;
+  int64_t hw;
+  const float* x;
+  __device__ void operator()(int s, int64_t e, double* acc) const { acc[0] += x[channel_index(c, hw, s, e)]; }
+};
+
+struct ChannelSqDev {
+  int c;
+  int64_t hw;
+  const float* x;
+  const double* mean;
+  __device__ void operator()(int s, int64_t e, double* acc) const {
+    const double d = double(x[channel_index(c, hw, s, e)]) - mean[s];
+    acc[0] += d * d;
+  }
+};
+
+struct BnBackwardSums {
+  int c;
+  int64_t hw;
+  const float* dy;
+  const float* x;
+  const double* mean;
+  const double* invstd;
+  __device__ void operator()(int s, int64_t e, double* acc) const {
+    const int64_t i = channel_index(c, hw, s, e);
+    const double g = dy[i];
+    acc[0] += g;
+    acc[1] += g * (double(x[i]) - mean[s]) * invstd[s];
+  }
+};
+
+struct PlaneSum {
+  int64_t hw;
+  const float* x;
+  __device__ void operator()(int s, int64_t e, double* acc) const { acc[0] += x[int64_t(s) * hw + e]; }
+};
+
+__global__ void finish_sums_kernel(int segments, int blocks, const double* partials, float* out) {
+  HT_GRID_STRIDE(s, segments) {
+    double sum = 0.0;
+    for (int b = 0; b < blocks; ++b) sum += partials[s * blocks + b];
+    out[s] = float(sum);
+  }
+}
+
+}  // namespace
+
+int reduce_blocks(int64_t length) {
+  // About 16 Ki elements per block, at most 256 blocks per segment: enough blocks to fill
+  // the device on one huge channel, few partials for the host to add.
+  const int64_t blocks = (length + (int64_t(1) << 14) - 1) >> 14;
+  return int(std::min<int64_t>(std::max<int64_t>(blocks, 1), 256));
+}
+
+void launch_channel_sum(int n, int c, int64_t hw, const float* x, int blocks, double* partials) {
+  segment_reduce<1>(c, int64_t(n) * hw, blocks, ChannelSum{c, hw, x}, partials);
+}
+
+void launch_channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean, int blocks,
+                               double* partials) {
+  segment_reduce<1>(c, int64_t(n) * hw, blocks, ChannelSqDev{c, hw, x, mean}, partials);
+}
+
+void launch_bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                             const double* invstd, int blocks, double* partials) {
+  segment_reduce<2>(c, int64_t(n) * hw, blocks, BnBackwardSums{c, hw, dy, x, mean, invstd}, partials);
+}
+
+void launch_plane_sum(int planes, int64_t hw, const float* x, int blocks, double* partials) {
+  segment_reduce<1>(planes, hw, blocks, PlaneSum{hw, x}, partials);
+}
+
+void launch_finish_sums(int segments, int blocks, const double* partials, float* out) {
+  if (!segments) return;
+  finish_sums_kernel<<<grid_for(size_t(segments)), kThreads>>>(segments, blocks, partials, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ht::cuda

@@ -1,0 +1,435 @@
+// The schema of SPEC section 3: reads a YAML tree into Config, validating as it goes.
+// Generic reading and --set handling live in config_yaml.cpp; output in config_emit.cpp.
+#include "orchestrator/config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <system_error>
+
+#include "orchestrator/config_yaml.hpp"
+#include "orchestrator/model_spec.hpp"
+
+namespace ht {
+
+using cfg::Item;
+using cfg::MapReader;
+
+namespace {
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
+
+const std::vector<std::string> kLayerTypeNames = {"conv2d",     "batch_norm", "relu", "max_pool2d",
+                                                  "avg_pool2d", "global_avg_pool", "dense"};
+const std::vector<LayerType> kLayerTypes = {LayerType::Conv2D,    LayerType::BatchNorm,     LayerType::ReLU,
+                                            LayerType::MaxPool2D, LayerType::AvgPool2D, LayerType::GlobalAvgPool,
+                                            LayerType::Dense};
+
+std::vector<std::string> layer_keys(LayerType t) {
+  switch (t) {
+    case LayerType::Conv2D: return {"type", "name", "filters", "kernel", "stride", "padding", "dilation", "bias"};
+    case LayerType::BatchNorm: return {"type", "name", "momentum", "epsilon"};
+    case LayerType::MaxPool2D:
+    case LayerType::AvgPool2D: return {"type", "name", "pool", "stride", "padding"};
+    case LayerType::Dense: return {"type", "name", "units", "bias"};
+    case LayerType::ReLU:
+    case LayerType::GlobalAvgPool: return {"type", "name"};
+  }
+  return {"type", "name"};
+}
+
+const std::vector<std::string> kAdamKeys = {"type", "lr", "beta1", "beta2", "epsilon"};
+const std::vector<std::string> kSgdKeys = {"type", "lr", "momentum"};
+
+// Signal names Slurm's --signal takes that make sense for a graceful stop.
+const std::vector<std::string> kSignals = {"USR1", "USR2", "TERM", "INT", "HUP", "ALRM"};
+
+const char* kTimeFormats = "a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)";
+
+// Finds the scalar value of `key` in a map without the full key check (for `type`).
+Item peek(const Item& map, const std::string& key) {
+  Item it;
+  it.src = map.src;
+  it.path = map.path + "." + key;
+  it.anchor.reset(map.anchor);
+  for (auto e = map.node.begin(); e != map.node.end(); ++e)
+    if (e->first.IsScalar() && e->first.Scalar() == key) {
+      it.node.reset(e->second);
+      it.anchor.reset(e->first);
+      it.present = true;
+    }
+  return it;
+}
+
+Padding read_padding(const Item& it) {
+  const char* what = "an integer >= 0, same or valid";
+  if (!it.node.IsScalar()) it.expected(what);
+  const std::string s = it.node.Scalar();
+  if (s == "same") return {PaddingMode::Same, 0};
+  if (s == "valid") return {PaddingMode::Valid, 0};
+  if (!s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+'))
+    return {PaddingMode::Explicit, int(cfg::as_int(it, 0, kIntMax))};
+  const std::string near = cfg::nearest(s, {"same", "valid"});
+  if (cfg::is_near(s, near))
+    it.fail(fmt::format("{}: expected {}, found {}; did you mean '{}'?", it.path, what, cfg::describe(it.node), near));
+  it.expected(what);
+}
+
+LayerConfig read_layer(const Item& it) {
+  const char* shape = "a map such as {type: conv2d, filters: 16}";
+  if (!it.node.IsMap()) it.expected(shape);
+  const Item type_item = peek(it, "type");
+  if (!type_item.present) type_item.missing("one of " + cfg::join(kLayerTypeNames, " | "));
+  LayerConfig l;
+  l.type = kLayerTypes.at(cfg::as_choice(type_item, kLayerTypeNames));
+  l.line = it.line();
+  const std::vector<std::string> allowed = layer_keys(l.type);
+  auto foreign = [&](const std::string& key) -> std::optional<std::string> {
+    std::vector<std::string> owners;
+    for (LayerType t : kLayerTypes) {
+      const auto keys = layer_keys(t);
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) owners.push_back(to_string(t));
+    }
+    if (owners.empty()) return std::nullopt;
+    return fmt::format("is not allowed for a {} layer (it is a setting of {}); allowed keys: {}", to_string(l.type),
+                       cfg::join(owners, ", "), cfg::join(allowed, ", "));
+  };
+  MapReader r(it, allowed, foreign, /*null_is_empty=*/false);
+  if (Item n = r["name"]; n.present) {
+    l.name = cfg::as_string(n);
+    // The name becomes an HDF5 group in checkpoints.
+    if (l.name.find('/') != std::string::npos) n.expected("a layer name without '/'");
+  }
+  switch (l.type) {
+    case LayerType::Conv2D:
+      if (!r.has("filters")) r["filters"].missing("an integer >= 1");
+      l.filters = int(r.get_int("filters", 0, 1, kIntMax));
+      l.kernel = int(r.get_int("kernel", 1, 1, kIntMax));
+      l.stride = int(r.get_int("stride", 1, 1, kIntMax));
+      l.dilation = int(r.get_int("dilation", 1, 1, kIntMax));
+      if (r.has("padding")) l.padding = read_padding(r["padding"]);
+      l.bias = r.get_bool("bias", true);
+      break;
+    case LayerType::BatchNorm:
+      l.momentum = r.get_unit("momentum", 0.99);
+      l.epsilon = r.get_positive("epsilon", 1e-3);
+      break;
+    case LayerType::MaxPool2D:
+    case LayerType::AvgPool2D:
+      l.pool = int(r.get_int("pool", 2, 1, kIntMax));
+      l.stride = int(r.get_int("stride", l.pool, 1, kIntMax));
+      if (r.has("padding")) l.padding = read_padding(r["padding"]);
+      break;
+    case LayerType::Dense:
+      if (!r.has("units")) r["units"].missing("an integer >= 1");
+      l.units = int(r.get_int("units", 0, 1, kIntMax));
+      l.bias = r.get_bool("bias", true);
+      break;
+    case LayerType::ReLU:
+    case LayerType::GlobalAvgPool:
+      break;
+  }
+  return l;
+}
+
+// Keras default names for unnamed layers; no two layers may share a name.
+void name_layers(const Item& layers_item, std::vector<LayerConfig>& layers) {
+  std::map<std::string, size_t> explicit_names;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].name.empty()) continue;
+    auto [pos, fresh] = explicit_names.emplace(layers[i].name, i);
+    if (!fresh) {
+      const Item first = layers_item.element(pos->second), second = layers_item.element(i);
+      second.fail(fmt::format("{}.name: duplicate layer name '{}'; model.layers[{}] at {} already uses it",
+                              second.path, layers[i].name, pos->second, first.where()));
+    }
+  }
+  std::map<LayerType, int> counters;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i].name.empty()) continue;
+    layers[i].name = fmt::format("{}_{}", keras_class_prefix(layers[i].type), ++counters[layers[i].type]);
+    auto clash = explicit_names.find(layers[i].name);
+    if (clash != explicit_names.end()) {
+      const Item named = layers_item.element(clash->second), unnamed = layers_item.element(i);
+      named.fail(fmt::format("{}.name: '{}' is also the default name of model.layers[{}] at {}; choose another name",
+                             named.path, layers[i].name, i, unnamed.where()));
+    }
+  }
+}
+
+void read_model(const MapReader& root, ModelConfig& m) {
+  Item model_item = root["model"];
+  if (!model_item.present) model_item.missing("a map with input, layers and loss");
+  MapReader r(model_item, {"input", "layers", "loss"});
+  const char* input_what = "a list [height, width, channels] of integers >= 1";
+  Item input = r["input"];
+  if (!input.present) input.missing(input_what);
+  if (!input.node.IsSequence() || input.node.size() != 3) input.expected(input_what);
+  m.height = int(cfg::as_int(input.element(0), 1, kIntMax));
+  m.width = int(cfg::as_int(input.element(1), 1, kIntMax));
+  m.channels = int(cfg::as_int(input.element(2), 1, kIntMax));
+
+  const char* layers_what = "a list of layers such as [{type: conv2d, filters: 16}, {type: relu}]";
+  Item layers = r["layers"];
+  if (!layers.present) layers.missing(layers_what);
+  if (!layers.node.IsSequence() || layers.node.size() == 0) layers.expected(layers_what);
+  for (size_t i = 0; i < layers.node.size(); ++i) m.layers.push_back(read_layer(layers.element(i)));
+  name_layers(layers, m.layers);
+
+  m.loss = r.get_choice("loss", LossType::SoftmaxCrossEntropy, {"softmax_cross_entropy", "sigmoid_bce", "mse"},
+                        {LossType::SoftmaxCrossEntropy, LossType::SigmoidBCE, LossType::MSE});
+}
+
+void read_data(const MapReader& root, LossType loss, DataConfig& d) {
+  Item data_item = root["data"];
+  if (!data_item.present) data_item.missing("a map with at least `train: FILE.h5`");
+  MapReader r(data_item, {"train", "images", "targets", "scale", "shuffle", "synthesize"});
+  if (!r.has("train")) r["train"].missing("the path of the HDF5 training file");
+  d.train = r.get_string("train", "");
+  d.images = r.get_string("images", d.images);
+  d.targets = r.get_string("targets", d.targets);
+  d.scale = r.get_positive("scale", d.scale);
+  d.shuffle = r.get_bool("shuffle", d.shuffle);
+  Item syn = r["synthesize"];
+  if (!syn.present || syn.node.IsNull()) return;
+  MapReader s(syn, {"count", "height", "width", "channels", "classes", "masks"}, {}, false);
+  SynthesizeConfig c;
+  c.count = int(s.get_int("count", c.count, 1, kIntMax));
+  c.height = int(s.get_int("height", c.height, 1, kIntMax));
+  c.width = int(s.get_int("width", c.width, 1, kIntMax));
+  c.channels = int(s.get_int("channels", c.channels, 1, kIntMax));
+  c.classes = int(s.get_int("classes", c.classes, 1, kIntMax));
+  c.masks = s.get_bool("masks", c.masks);
+  if (loss == LossType::SoftmaxCrossEntropy && c.masks)
+    s["masks"].fail(fmt::format("{}: model.loss softmax_cross_entropy trains on class labels, so masks must be "
+                                "false, found true",
+                                s["masks"].path));
+  d.synthesize = c;
+}
+
+void read_optimizer(const Item& it, OptimizerConfig& o) {
+  if (!it.present || it.node.IsNull()) return;
+  if (!it.node.IsMap()) it.expected("a map such as {type: adam, lr: 0.0001}");
+  const Item type_item = peek(it, "type");
+  if (type_item.present)
+    o.type = cfg::as_choice(type_item, {"adam", "sgd"}) == 0 ? OptimizerType::Adam : OptimizerType::SGD;
+  const bool adam = o.type == OptimizerType::Adam;
+  const std::vector<std::string>& allowed = adam ? kAdamKeys : kSgdKeys;
+  const std::vector<std::string>& other = adam ? kSgdKeys : kAdamKeys;
+  auto foreign = [&](const std::string& key) -> std::optional<std::string> {
+    if (std::find(other.begin(), other.end(), key) == other.end()) return std::nullopt;
+    return fmt::format("is not allowed with type {} (it is a setting of {}); allowed keys: {}", to_string(o.type),
+                       adam ? "sgd" : "adam", cfg::join(allowed, ", "));
+  };
+  MapReader r(it, allowed, foreign, false);
+  o.lr = r.get_positive("lr", o.lr);
+  if (adam) {
+    o.beta1 = r.get_unit("beta1", o.beta1);
+    o.beta2 = r.get_unit("beta2", o.beta2);
+    o.epsilon = r.get_positive("epsilon", o.epsilon);
+  } else {
+    o.momentum = r.get_unit("momentum", o.momentum);
+  }
+}
+
+void read_training(const MapReader& root, TrainingConfig& t) {
+  MapReader r(root["training"],
+              {"batch_size", "steps", "epochs", "optimizer", "init_weights", "init_by_name", "log_every"});
+  t.batch_size = int(r.get_int("batch_size", t.batch_size, 1, kIntMax));
+  t.steps = r.get_int("steps", 0, 0, kI64Max);
+  t.epochs = r.get_int("epochs", 0, 0, kI64Max);
+  if (t.steps == 0 && t.epochs == 0) {
+    const Item at = r.has("steps") ? r["steps"] : r.has("epochs") ? r["epochs"] : r.self();
+    at.fail(fmt::format("{}: expected steps >= 1 or epochs >= 1 (how long to train), found {}",
+                        root["training"].path,
+                        r.has("steps") || r.has("epochs") ? "zero" : "neither"));
+  }
+  if (t.steps > 0) t.epochs = 0;  // steps wins
+  read_optimizer(r["optimizer"], t.optimizer);
+  t.init_weights = cfg::as_nullable_string(r["init_weights"]).value_or("");
+  t.init_by_name = r.get_bool("init_by_name", t.init_by_name);
+  t.log_every = int(r.get_int("log_every", t.log_every, 1, kIntMax));
+}
+
+void read_parallel(const MapReader& root, ParallelConfig& p) {
+  MapReader r(root["parallel"], {"backend", "grid", "device_memory", "devices_per_node", "activations"});
+  p.backend = r.get_choice("backend", Backend::CPU, {"cpu", "cuda"}, {Backend::CPU, Backend::CUDA});
+  if (Item g = r["grid"]; g.present) {
+    const char* what = "[rows, cols] (integers >= 1) or auto";
+    if (g.node.IsScalar() && g.node.Scalar() == "auto") {
+      p.grid_auto = true;
+    } else {
+      if (!g.node.IsSequence() || g.node.size() != 2) g.expected(what);
+      p.grid_rows = int(cfg::as_int(g.element(0), 1, kIntMax));
+      p.grid_cols = int(cfg::as_int(g.element(1), 1, kIntMax));
+      if (int64_t(p.grid_rows) * p.grid_cols > kIntMax)
+        g.fail(fmt::format("{}: {} x {} shards is out of range (at most {} in all)", g.path, p.grid_rows,
+                           p.grid_cols, kIntMax));
+    }
+  }
+  if (Item m = r["device_memory"]; m.present) {
+    const char* what = "a size such as 11441MiB, 2GB or a number of bytes (units B, KiB, MiB, GiB, KB, MB, GB)";
+    if (!m.node.IsScalar()) m.expected(what);
+    try {
+      p.device_memory = parse_size(m.node.Scalar());
+    } catch (const std::invalid_argument& e) {
+      m.fail(fmt::format("{}: expected {}, found {} ({})", m.path, what, cfg::describe(m.node), e.what()));
+    }
+    if (p.device_memory == 0) m.expected("a size > 0");
+  }
+  p.devices_per_node = int(r.get_int("devices_per_node", p.devices_per_node, 1, kIntMax));
+  p.activations = r.get_choice(
+      "activations", ActivationPolicy::Auto, {"auto", "keep", "offload", "recompute"},
+      {ActivationPolicy::Auto, ActivationPolicy::Keep, ActivationPolicy::Offload, ActivationPolicy::Recompute});
+}
+
+// Seconds of a Slurm time limit; -1 for no limit; nullopt when Slurm would reject it.
+std::optional<int64_t> slurm_seconds(const std::string& text) {
+  std::string s = text;
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "unlimited" || s == "infinite") return -1;
+  auto field = [](const std::string& f) -> std::optional<int64_t> {
+    if (f.empty() || f.size() > 9 || !std::all_of(f.begin(), f.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      return std::nullopt;
+    return std::stoll(f);
+  };
+  std::vector<std::optional<int64_t>> parts;
+  std::optional<int64_t> days;
+  std::string rest = s;
+  if (const size_t dash = s.find('-'); dash != std::string::npos) {
+    days = field(s.substr(0, dash));
+    if (!days) return std::nullopt;
+    rest = s.substr(dash + 1);
+  }
+  std::stringstream ss(rest);
+  for (std::string f; std::getline(ss, f, ':');) parts.push_back(field(f));
+  if (!rest.empty() && rest.back() == ':') return std::nullopt;
+  if (parts.empty() || parts.size() > 3) return std::nullopt;
+  for (const auto& p : parts)
+    if (!p) return std::nullopt;
+  int64_t h = 0, m = 0, sec = 0;
+  if (days) {  // D-HH, D-HH:MM, D-HH:MM:SS
+    h = *parts[0];
+    if (parts.size() > 1) m = *parts[1];
+    if (parts.size() > 2) sec = *parts[2];
+    if (h >= 24 || m >= 60) return std::nullopt;
+  } else if (parts.size() == 1) {  // MM, any number of minutes
+    m = *parts[0];
+  } else if (parts.size() == 2) {  // MM:SS
+    m = *parts[0], sec = *parts[1];
+  } else {  // HH:MM:SS
+    h = *parts[0], m = *parts[1], sec = *parts[2];
+    if (m >= 60) return std::nullopt;
+  }
+  if (sec >= 60) return std::nullopt;
+  return ((days.value_or(0) * 24 + h) * 60 + m) * 60 + sec;
+}
+
+void read_slurm(const MapReader& root, SlurmConfig& s) {
+  MapReader r(root["slurm"], {"partition", "nodes", "time", "account", "signal", "signal_before", "extra"});
+  s.partition = r.get_string("partition", s.partition);
+  s.nodes = int(r.get_int("nodes", s.nodes, 1, kIntMax));
+  std::optional<int64_t> limit = slurm_seconds(s.time);
+  if (Item t = r["time"]; t.present) {
+    if (!t.node.IsScalar() || !(limit = slurm_seconds(t.node.Scalar()))) t.expected(kTimeFormats);
+    s.time = t.node.Scalar();
+  }
+  s.account = cfg::as_nullable_string(r["account"]).value_or("");
+  if (Item sig = r["signal"]; sig.present) {
+    const std::string what = "a signal name (" + cfg::join(kSignals, ", ") + ", with or without SIG)";
+    if (!sig.node.IsScalar()) sig.expected(what);
+    std::string name = sig.node.Scalar();
+    for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+    if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+    if (std::find(kSignals.begin(), kSignals.end(), name) == kSignals.end()) sig.expected(what);
+    s.signal = name;
+  }
+  // Slurm stores the warning time in 16 bits.
+  s.signal_before = int(r.get_int("signal_before", s.signal_before, 0, 65535));
+  if (*limit > 0 && s.signal_before >= *limit) {
+    Item at = r.has("signal_before") ? r["signal_before"] : r["time"];
+    at.fail(fmt::format("slurm.signal_before: {} s must be shorter than slurm.time '{}' ({} s), or the job is "
+                        "signalled before it starts",
+                        s.signal_before, s.time, *limit));
+  }
+  if (Item extra = r["extra"]; extra.present && !extra.node.IsNull()) {
+    if (!extra.node.IsSequence()) extra.expected("a list of strings (extra #SBATCH lines)");
+    for (size_t i = 0; i < extra.node.size(); ++i) s.extra.push_back(cfg::as_string(extra.element(i)));
+  }
+}
+
+Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
+  Item root_item{&src, "", root_node, root_node, true};
+  MapReader root(root_item, {"name", "run_dir", "seed", "data", "model", "training", "parallel", "checkpoint",
+                             "recycle", "slurm"});
+  Config c;
+  c.name = root.get_string("name", c.name);
+  c.run_dir = root.get_string("run_dir", "runs/" + c.name);
+  if (Item seed = root["seed"]; seed.present) c.seed = cfg::as_uint64(seed);
+  read_model(root, c.model);
+  read_data(root, c.model.loss, c.data);
+  read_training(root, c.training);
+  read_parallel(root, c.parallel);
+
+  MapReader ck(root["checkpoint"], {"every_steps", "keep", "resume"});
+  c.checkpoint.every_steps = ck.get_int("every_steps", c.checkpoint.every_steps, 0, kI64Max);
+  c.checkpoint.keep = int(ck.get_int("keep", c.checkpoint.keep, 1, kIntMax));
+  c.checkpoint.resume = ck.get_string("resume", c.checkpoint.resume);
+
+  MapReader rc(root["recycle"], {"every_steps", "mode"});
+  c.recycle.every_steps = rc.get_int("every_steps", c.recycle.every_steps, 0, kI64Max);
+  c.recycle.mode = rc.get_choice("mode", RecycleMode::InProcess, {"in_process", "restart"},
+                                 {RecycleMode::InProcess, RecycleMode::Restart});
+
+  read_slurm(root, c.slurm);
+  return c;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  cfg::Source src{source_name, {}};
+  YAML::Node root = cfg::load_yaml(yaml_text, source_name);
+  if (!root.IsMap() && !root.IsNull())
+    throw ConfigError(fmt::format("{}: expected a map of settings (name, data, model, ...), found {}", source_name,
+                                  cfg::describe(root)));
+  // An empty file parses to a node-less null; overrides need a real map to write into.
+  if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
+  for (const auto& o : overrides) cfg::apply_override(root, o, src);
+  Config c = read_config(src, root);
+  c.source_path = source_name;
+  if (overrides.empty()) {
+    c.text = yaml_text;
+  } else {
+    YAML::Emitter out;
+    out << root;
+    c.text = std::string(out.c_str()) + "\n";
+  }
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw ConfigError(fmt::format("{}: config file not found", path));
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("{}: is a directory, expected a YAML config file", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot read config file: {}", path, std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file: {}", path, std::strerror(errno)));
+  return parse_config(text.str(), path, overrides);
+}
+
+}  // namespace ht

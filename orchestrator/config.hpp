@@ -1,0 +1,161 @@
+// The typed config of SPEC section 3: parsed once from YAML, validated, then read-only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// A user error in the config: the message names the file, line, key path, expected and found.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class LayerType { Conv2D, BatchNorm, ReLU, MaxPool2D, AvgPool2D, GlobalAvgPool, Dense };
+enum class PaddingMode { Explicit, Same, Valid };
+enum class LossType { SoftmaxCrossEntropy, SigmoidBCE, MSE };
+enum class OptimizerType { Adam, SGD };
+enum class Backend { CPU, CUDA };
+enum class ActivationPolicy { Auto, Keep, Offload, Recompute };
+enum class RecycleMode { InProcess, Restart };
+
+const char* to_string(LayerType t);        // the YAML spelling: "conv2d", "batch_norm", ...
+const char* to_string(PaddingMode m);      // "explicit", "same", "valid"
+const char* to_string(LossType t);
+const char* to_string(OptimizerType t);
+const char* to_string(Backend b);
+const char* to_string(ActivationPolicy p);
+const char* to_string(RecycleMode m);
+
+struct Padding {
+  PaddingMode mode = PaddingMode::Valid;
+  int value = 0;  // only for Explicit: symmetric pixels on each side
+};
+
+struct LayerConfig {
+  LayerType type = LayerType::ReLU;
+  std::string name;  // Keras-style default filled in when the YAML gives none
+  int line = 0;      // 1-based line of the layer in the config file (0: unknown)
+  // conv2d
+  int filters = 0;
+  int kernel = 1;
+  int stride = 1;  // conv2d default 1; pools default to `pool`
+  int dilation = 1;
+  Padding padding;  // conv2d default `valid` as Keras; pools default `valid`
+  bool bias = true;
+  // batch_norm
+  double momentum = 0.99;
+  double epsilon = 1e-3;
+  // pools
+  int pool = 2;
+  // dense
+  int units = 0;
+};
+
+struct SynthesizeConfig {
+  int count = 16;
+  int height = 1024;
+  int width = 768;
+  int channels = 1;
+  int classes = 2;     // labels in [0, classes)
+  bool masks = false;  // write masks [N,H,W,1] instead of labels
+};
+
+struct DataConfig {
+  std::string train;  // resolved relative to the working directory
+  std::string images = "images";
+  std::string targets = "labels";
+  double scale = 1.0;
+  bool shuffle = true;
+  std::optional<SynthesizeConfig> synthesize;
+};
+
+struct ModelConfig {
+  int height = 0, width = 0, channels = 0;  // model.input: [H, W, C]
+  std::vector<LayerConfig> layers;
+  LossType loss = LossType::SoftmaxCrossEntropy;
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::Adam;
+  double lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-7;  // adam
+  double momentum = 0.0;                              // sgd
+};
+
+struct TrainingConfig {
+  int batch_size = 2;
+  int64_t steps = 0;   // total optimizer steps; when 0, `epochs` decides
+  int64_t epochs = 0;  // exactly one of steps/epochs is set (steps wins when both)
+  OptimizerConfig optimizer;
+  std::string init_weights;  // empty: none
+  bool init_by_name = false;
+  int log_every = 10;  // one plain log line per this many steps when not on a TTY
+};
+
+struct ParallelConfig {
+  Backend backend = Backend::CPU;
+  bool grid_auto = false;
+  int grid_rows = 1, grid_cols = 1;
+  uint64_t device_memory = 11441ull << 20;
+  int devices_per_node = 2;
+  ActivationPolicy activations = ActivationPolicy::Auto;
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 50;  // 0: only at the end
+  int keep = 3;
+  std::string resume = "auto";  // auto | never | a path
+};
+
+struct RecycleConfig {
+  int64_t every_steps = 0;
+  RecycleMode mode = RecycleMode::InProcess;
+};
+
+struct SlurmConfig {
+  std::string partition = "gpu";
+  int nodes = 1;
+  std::string time = "04:00:00";
+  std::string account;  // empty: none
+  std::string signal = "USR2";
+  int signal_before = 120;
+  std::vector<std::string> extra;
+};
+
+struct Config {
+  std::string name = "run";
+  std::string run_dir = "runs/run";
+  uint64_t seed = 1234;
+  DataConfig data;
+  ModelConfig model;
+  TrainingConfig training;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  RecycleConfig recycle;
+  SlurmConfig slurm;
+
+  std::string source_path;  // the file it was read from
+  std::string text;         // the YAML as read, after --set overrides (stored in checkpoints)
+};
+
+// Parses and validates `path` with `--set key.path=value` overrides applied in order.
+// Throws ConfigError with one clear message on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text already in memory; `source_name` is used in messages.
+Config parse_config(const std::string& yaml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
+
+// Parses "11441MiB", "2GB", "512" (bytes) ... Throws std::invalid_argument.
+uint64_t parse_size(const std::string& text);
+std::string format_size(uint64_t bytes);  // "11.17 GiB" style
+
+// The config with every default filled in, as YAML (logged once at start).
+std::string to_yaml(const Config& config);
+
+}  // namespace ht

@@ -1,0 +1,274 @@
+// Spellings, sizes and the resolved config as YAML.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cmath>
+#include <stdexcept>
+
+#include "orchestrator/config.hpp"
+
+namespace ht {
+
+const char* to_string(LayerType t) {
+  switch (t) {
+    case LayerType::Conv2D: return "conv2d";
+    case LayerType::BatchNorm: return "batch_norm";
+    case LayerType::ReLU: return "relu";
+    case LayerType::MaxPool2D: return "max_pool2d";
+    case LayerType::AvgPool2D: return "avg_pool2d";
+    case LayerType::GlobalAvgPool: return "global_avg_pool";
+    case LayerType::Dense: return "dense";
+  }
+  return "?";
+}
+
+const char* to_string(PaddingMode m) {
+  switch (m) {
+    case PaddingMode::Explicit: return "explicit";
+    case PaddingMode::Same: return "same";
+    case PaddingMode::Valid: return "valid";
+  }
+  return "?";
+}
+
+const char* to_string(LossType t) {
+  switch (t) {
+    case LossType::SoftmaxCrossEntropy: return "softmax_cross_entropy";
+    case LossType::SigmoidBCE: return "sigmoid_bce";
+    case LossType::MSE: return "mse";
+  }
+  return "?";
+}
+
+const char* to_string(OptimizerType t) { return t == OptimizerType::Adam ? "adam" : "sgd"; }
+const char* to_string(Backend b) { return b == Backend::CPU ? "cpu" : "cuda"; }
+
+const char* to_string(ActivationPolicy p) {
+  switch (p) {
+    case ActivationPolicy::Auto: return "auto";
+    case ActivationPolicy::Keep: return "keep";
+    case ActivationPolicy::Offload: return "offload";
+    case ActivationPolicy::Recompute: return "recompute";
+  }
+  return "?";
+}
+
+const char* to_string(RecycleMode m) { return m == RecycleMode::InProcess ? "in_process" : "restart"; }
+
+namespace {
+
+struct Unit {
+  const char* name;
+  uint64_t bytes;
+};
+// Largest first, so to_yaml picks the largest unit that divides exactly.
+const Unit kUnits[] = {{"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
+                       {"TB", 1000000000000ull}, {"GB", 1000000000ull}, {"MB", 1000000ull}, {"KB", 1000ull},
+                       {"B", 1ull}};
+
+}  // namespace
+
+uint64_t parse_size(const std::string& text) {
+  size_t b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");
+  const std::string s = b == std::string::npos ? "" : text.substr(b, e - b + 1);
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  const std::string number = s.substr(0, i);
+  size_t j = i;
+  while (j < s.size() && s[j] == ' ') ++j;
+  const std::string unit = s.substr(j);
+  if (number.empty() || number.front() == '.' || number.back() == '.' ||
+      number.find('.') != number.rfind('.'))
+    throw std::invalid_argument(fmt::format("'{}' does not start with a number", text));
+  uint64_t scale = 0;
+  if (unit.empty()) scale = 1;
+  for (const Unit& u : kUnits)
+    if (unit == u.name) scale = u.bytes;
+  if (scale == 0)
+    throw std::invalid_argument(
+        fmt::format("unknown unit '{}'; expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", unit));
+  if (number.find('.') == std::string::npos) {
+    if (number.size() > 20) throw std::invalid_argument(fmt::format("'{}' is too large", text));
+    const unsigned long long n = std::stoull(number);
+    if (n > UINT64_MAX / scale) throw std::invalid_argument(fmt::format("'{}' is too large", text));
+    return n * scale;
+  }
+  if (scale == 1) throw std::invalid_argument(fmt::format("'{}' is a fraction of a byte", text));
+  const long double v = std::stold(number) * scale;
+  if (v >= 18446744073709551615.0L) throw std::invalid_argument(fmt::format("'{}' is too large", text));
+  return uint64_t(std::llround(static_cast<double>(v)));
+}
+
+std::string format_size(uint64_t bytes) {
+  static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  return fmt::format("{:.2f} {}", v, names[u]);
+}
+
+namespace {
+
+// Exact, so that parsing it gives the same number of bytes back.
+std::string exact_size(uint64_t bytes) {
+  if (bytes == 0) return "0";
+  for (const Unit& u : kUnits)
+    if (u.bytes > 1 && bytes % u.bytes == 0) return fmt::format("{}{}", bytes / u.bytes, u.name);
+  return fmt::format("{}", bytes);
+}
+
+// Shortest text that reads back as the same double, always with a '.' or exponent.
+std::string num(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+// Strings are always quoted so a name like "null" or "123" stays a string.
+struct Q {
+  const std::string& s;
+};
+YAML::Emitter& operator<<(YAML::Emitter& out, const Q& q) { return out << YAML::DoubleQuoted << q.s; }
+
+void key_nullable(YAML::Emitter& out, const char* key, const std::string& v) {
+  out << YAML::Key << key << YAML::Value;
+  if (v.empty()) out << YAML::Null;
+  else out << Q{v};
+}
+
+void emit_padding(YAML::Emitter& out, const Padding& p) {
+  out << YAML::Key << "padding" << YAML::Value;
+  if (p.mode == PaddingMode::Explicit) out << p.value;
+  else out << to_string(p.mode);
+}
+
+void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
+  out << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << to_string(l.type);
+  if (!l.name.empty()) out << YAML::Key << "name" << YAML::Value << Q{l.name};
+  switch (l.type) {
+    case LayerType::Conv2D:
+      out << YAML::Key << "filters" << YAML::Value << l.filters << YAML::Key << "kernel" << YAML::Value << l.kernel
+          << YAML::Key << "stride" << YAML::Value << l.stride;
+      emit_padding(out, l.padding);
+      out << YAML::Key << "dilation" << YAML::Value << l.dilation << YAML::Key << "bias" << YAML::Value << l.bias;
+      break;
+    case LayerType::BatchNorm:
+      out << YAML::Key << "momentum" << YAML::Value << num(l.momentum) << YAML::Key << "epsilon" << YAML::Value
+          << num(l.epsilon);
+      break;
+    case LayerType::MaxPool2D:
+    case LayerType::AvgPool2D:
+      out << YAML::Key << "pool" << YAML::Value << l.pool << YAML::Key << "stride" << YAML::Value << l.stride;
+      emit_padding(out, l.padding);
+      break;
+    case LayerType::Dense:
+      out << YAML::Key << "units" << YAML::Value << l.units << YAML::Key << "bias" << YAML::Value << l.bias;
+      break;
+    case LayerType::ReLU:
+    case LayerType::GlobalAvgPool:
+      break;
+  }
+  out << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out.SetBoolFormat(YAML::TrueFalseBool);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << Q{c.name};
+  out << YAML::Key << "run_dir" << YAML::Value << Q{c.run_dir};
+  out << YAML::Key << "seed" << YAML::Value << c.seed;
+
+  const DataConfig& d = c.data;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "train" << YAML::Value << Q{d.train};
+  out << YAML::Key << "images" << YAML::Value << Q{d.images};
+  out << YAML::Key << "targets" << YAML::Value << Q{d.targets};
+  out << YAML::Key << "scale" << YAML::Value << num(d.scale);
+  out << YAML::Key << "shuffle" << YAML::Value << d.shuffle;
+  out << YAML::Key << "synthesize" << YAML::Value;
+  if (!d.synthesize) {
+    out << YAML::Null;
+  } else {
+    const SynthesizeConfig& s = *d.synthesize;
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "count" << YAML::Value << s.count << YAML::Key << "height"
+        << YAML::Value << s.height << YAML::Key << "width" << YAML::Value << s.width << YAML::Key << "channels"
+        << YAML::Value << s.channels << YAML::Key << "classes" << YAML::Value << s.classes << YAML::Key << "masks"
+        << YAML::Value << s.masks << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+
+  const ModelConfig& m = c.model;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "input" << YAML::Value << YAML::Flow << YAML::BeginSeq << m.height << m.width << m.channels
+      << YAML::EndSeq;
+  out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+  for (const auto& l : m.layers) emit_layer(out, l);
+  out << YAML::EndSeq;
+  out << YAML::Key << "loss" << YAML::Value << to_string(m.loss);
+  out << YAML::EndMap;
+
+  const TrainingConfig& t = c.training;
+  out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "batch_size" << YAML::Value << t.batch_size;
+  out << YAML::Key << "steps" << YAML::Value << t.steps;
+  out << YAML::Key << "epochs" << YAML::Value << t.epochs;
+  const OptimizerConfig& o = t.optimizer;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << to_string(o.type) << YAML::Key << "lr" << YAML::Value << num(o.lr);
+  if (o.type == OptimizerType::Adam)
+    out << YAML::Key << "beta1" << YAML::Value << num(o.beta1) << YAML::Key << "beta2" << YAML::Value
+        << num(o.beta2) << YAML::Key << "epsilon" << YAML::Value << num(o.epsilon);
+  else
+    out << YAML::Key << "momentum" << YAML::Value << num(o.momentum);
+  out << YAML::EndMap;
+  key_nullable(out, "init_weights", t.init_weights);
+  out << YAML::Key << "init_by_name" << YAML::Value << t.init_by_name;
+  out << YAML::Key << "log_every" << YAML::Value << t.log_every;
+  out << YAML::EndMap;
+
+  const ParallelConfig& p = c.parallel;
+  out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "backend" << YAML::Value << to_string(p.backend);
+  out << YAML::Key << "grid" << YAML::Value;
+  if (p.grid_auto) out << "auto";
+  else out << YAML::Flow << YAML::BeginSeq << p.grid_rows << p.grid_cols << YAML::EndSeq;
+  out << YAML::Key << "device_memory" << YAML::Value << exact_size(p.device_memory);
+  out << YAML::Key << "devices_per_node" << YAML::Value << p.devices_per_node;
+  out << YAML::Key << "activations" << YAML::Value << to_string(p.activations);
+  out << YAML::EndMap;
+
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
+  out << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
+  out << YAML::Key << "resume" << YAML::Value << Q{c.checkpoint.resume};
+  out << YAML::EndMap;
+
+  out << YAML::Key << "recycle" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every_steps" << YAML::Value << c.recycle.every_steps;
+  out << YAML::Key << "mode" << YAML::Value << to_string(c.recycle.mode);
+  out << YAML::EndMap;
+
+  const SlurmConfig& s = c.slurm;
+  out << YAML::Key << "slurm" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "partition" << YAML::Value << Q{s.partition};
+  out << YAML::Key << "nodes" << YAML::Value << s.nodes;
+  out << YAML::Key << "time" << YAML::Value << Q{s.time};
+  key_nullable(out, "account", s.account);
+  out << YAML::Key << "signal" << YAML::Value << s.signal;
+  out << YAML::Key << "signal_before" << YAML::Value << s.signal_before;
+  out << YAML::Key << "extra" << YAML::Value << YAML::BeginSeq;
+  for (const auto& line : s.extra) out << Q{line};
+  out << YAML::EndSeq;
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace ht

@@ -1,0 +1,127 @@
+// The `halotrain` command line (SPEC section 2). Exit codes: 0 ok, 1 user error (one clear
+// message), 2 internal error, 3 stopped for requeue.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "orchestrator/memory_model.hpp"
+#include "orchestrator/plan_report.hpp"
+#include "worker/keras_h5.hpp"
+#include "worker/log.hpp"
+#include "worker/mpi_comm.hpp"
+#include "worker/synthetic_data.hpp"
+#include "worker/tensor.hpp"
+#include "worker/trainer.hpp"
+
+namespace {
+
+using namespace ht;
+
+int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json) {
+  Config config = load_config(path, sets);
+  const ModelSpec model = build_model_spec(config);
+  GridShape grid{config.parallel.grid_rows, config.parallel.grid_cols};
+  if (config.parallel.grid_auto) grid = choose_grid(config, model);
+  const ShardPlan plan = make_shard_plan(model, grid);
+  std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
+  const std::string verdict = fit_verdict(config, model, plan);
+  if (!verdict.empty()) {
+    std::cerr << "halotrain plan: " << verdict << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
+  Config config = load_config(path, sets);
+  log().info("config {} (resolved):\n{}", path, to_yaml(config));
+  const TrainSummary s = run_training(config);
+  log().info("trained {} steps, final loss {:.6f}, peak device memory {:.1f} MiB; checkpoint {}", s.steps,
+             s.final_loss, s.peak_device_bytes / 1048576.0, s.checkpoint);
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"halotrain: trains CNNs on images too large for one device, sharded spatially"};
+  app.require_subcommand(1);
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool json = false;
+
+  auto* train = app.add_subcommand("train", "train a config (all shards here, or one per MPI rank)");
+  train->add_option("CONFIG", config_path, "YAML config")->required();
+  train->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
+
+  auto* plan = app.add_subcommand("plan", "validate a config and print the shard and memory plan");
+  plan->add_option("CONFIG", config_path, "YAML config")->required();
+  plan->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
+  plan->add_flag("--json", json, "print JSON");
+
+  SyntheticOptions data;
+  std::string out_path;
+  auto* make_data = app.add_subcommand("make-data", "write a synthetic, learnable dataset");
+  make_data->add_option("OUT", out_path, "output .h5 file")->required();
+  make_data->add_option("--count", data.count, "images")->required()->check(CLI::PositiveNumber);
+  make_data->add_option("--height", data.height, "rows")->required()->check(CLI::PositiveNumber);
+  make_data->add_option("--width", data.width, "columns")->required()->check(CLI::PositiveNumber);
+  make_data->add_option("--channels", data.channels, "channels")->check(CLI::PositiveNumber);
+  auto* classes = make_data->add_option("--classes", data.classes, "classes of the labels")->check(CLI::PositiveNumber);
+  bool masks = false;
+  make_data->add_flag("--masks", masks, "write per-pixel masks instead of labels")->excludes(classes);
+  make_data->add_option("--seed", data.seed, "random seed");
+
+  std::string file;
+  auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
+  inspect->add_option("FILE", file, ".h5 file")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 1;
+  }
+  if (*plan) return cmd_plan(config_path, sets, json);
+  if (*train) return cmd_train(config_path, sets);
+  if (*make_data) {
+    if (masks) data.targets = TargetKind::Masks;
+    write_synthetic_dataset(out_path, data);
+    std::cout << "wrote " << out_path << "\n";
+    return 0;
+  }
+  if (*inspect) return inspect_file(file, std::cout);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool use_mpi = ht::launched_by_mpi() && argc > 1 && std::string(argv[1]) == "train";
+  int world = 1;
+  if (use_mpi) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+  }
+  int code = 0;
+  try {
+    code = run(argc, argv);
+  } catch (const ht::ConfigError& e) {
+    ht::log().error("{}", e.what());
+    code = 1;
+  } catch (const ht::DeviceMemoryError& e) {
+    ht::log().error("{}", e.what());
+    code = 1;
+  } catch (const ht::TrainingDiverged& e) {
+    ht::log().error("{}", e.what());
+    code = 1;
+  } catch (const std::exception& e) {
+    ht::log().error("internal error: {}", e.what());
+    code = 2;
+  }
+  if (use_mpi) {
+    // A failed rank takes the job down at once, so no other rank waits in a collective.
+    if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Finalize();
+  }
+  return code;
+}

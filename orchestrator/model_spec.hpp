@@ -1,0 +1,73 @@
+// ModelSpec: the shape of every layer's input and output, its weights, and the window
+// geometry along each spatial axis. Pure, derived from the config alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orchestrator/config.hpp"
+
+namespace ht {
+
+struct Shape3 {
+  int c = 0, h = 0, w = 0;  // a feature map of one image; dense features are {units, 1, 1}
+  int64_t elements() const { return int64_t(c) * h * w; }
+  bool operator==(const Shape3& o) const { return c == o.c && h == o.h && w == o.w; }
+};
+
+// One axis of a sliding window: output index o reads input [o*stride - pad_lo,
+// o*stride - pad_lo + dilation*(kernel-1) + 1). Pointwise layers have kernel = stride = 1.
+struct Window1D {
+  int kernel = 1, stride = 1, dilation = 1;
+  int pad_lo = 0, pad_hi = 0;
+  int in = 0, out = 0;
+  int span() const { return dilation * (kernel - 1) + 1; }
+  // Input range [first, last) that output range [a, b) reads, before clamping to [0, in).
+  int first_input(int a) const { return a * stride - pad_lo; }
+  int end_input(int b) const { return (b - 1) * stride - pad_lo + span(); }
+};
+
+// A weight tensor in Keras naming and layout ("kernel:0" (kh, kw, cin, cout), ...).
+struct WeightSpec {
+  std::string name;           // "kernel:0", "bias:0", "gamma:0", "beta:0", ...
+  std::vector<int64_t> keras_shape;
+  bool trainable = true;      // BN moving statistics are not
+  int64_t elements() const;
+};
+
+struct LayerSpec {
+  LayerConfig config;
+  Shape3 in, out;
+  // Spatial layers keep the image sharded (conv, pools, and BN/ReLU before the global
+  // pool); layers after the global pool work on replicated per-image vectors.
+  bool spatial = true;
+  Window1D rows, cols;  // identity windows for pointwise layers
+  std::vector<WeightSpec> weights;
+  int64_t flops_per_image = 0;  // forward multiply-adds x 2, for the cost model
+  // Conv and pools read a window of their input: they need halos from neighbours.
+  bool windowed() const;
+  int64_t param_count(bool trainable_only = false) const;
+};
+
+struct ModelSpec {
+  Shape3 input;
+  std::vector<LayerSpec> layers;
+  LossType loss = LossType::SoftmaxCrossEntropy;
+  int spatial_layers = 0;  // layers [0, spatial_layers) are spatial
+  Shape3 output() const { return layers.empty() ? input : layers.back().out; }
+  int64_t param_count(bool trainable_only = false) const;
+};
+
+// Output size of a window along one axis for the given padding (SPEC section 5).
+Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding);
+
+// Builds the spec from a validated config. Throws ConfigError naming the layer (and its
+// config line) when shapes do not work: a window larger than its input, a dense layer
+// on a spatial input, a loss that does not match the output.
+ModelSpec build_model_spec(const Config& config);
+
+// Keras 2 default layer names: conv2d_1, batch_normalization_1, activation_1, ...
+std::string keras_class_prefix(LayerType t);
+
+}  // namespace ht

@@ -1,0 +1,233 @@
+#include "orchestrator/plan_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace ht {
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (ch < 0x20)
+          out += fmt::format("\\u{:04x}", int(ch));
+        else
+          out += char(ch);
+    }
+  }
+  return out + "\"";
+}
+
+std::string window_text(const LayerSpec& l) {
+  if (!l.windowed()) return "-";
+  return fmt::format("{}x{} s{} d{}", l.rows.kernel, l.cols.kernel, l.rows.stride, l.rows.dilation);
+}
+
+int nodes_used(const Config& config, const ShardPlan& plan) { return node_of(config, plan.world() - 1) + 1; }
+
+// Every rank's estimate, computed once for both renderers.
+std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan) {
+  std::vector<MemoryEstimate> v;
+  for (int r = 0; r < plan.world(); ++r) {
+    if (r < plan.shards()) {
+      v.push_back(estimate_memory(config, plan, r));
+    } else {  // sample groups are copies of group 0
+      v.push_back(v[plan.shard_of(r)]);
+      v.back().rank = r;
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+HaloWidths halo_widths(const ShardPlan& plan, int layer) {
+  HaloWidths h;
+  const LayerPlan& l = plan.layers.at(layer);
+  if (!l.spatial) return h;
+  auto widths = [](const AxisPlan& a, int* lo, int* hi) {
+    const int n = int(a.owned_in.size());
+    for (int i = 0; i < n; ++i) {
+      if (i > 0) *lo = std::max(*lo, a.owned_in[i].lo - a.needed_in[i].lo);
+      if (i + 1 < n) *hi = std::max(*hi, a.needed_in[i].hi - a.owned_in[i].hi);
+    }
+  };
+  widths(l.rows, &h.rows_above, &h.rows_below);
+  widths(l.cols, &h.cols_left, &h.cols_right);
+  return h;
+}
+
+std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
+  const MemoryEstimate e = estimate_memory_max(config, plan);
+  const uint64_t budget = config.parallel.device_memory;
+  if (e.total <= budget) return "";
+  std::string msg = fmt::format(
+      "{}: parallel.grid [{}, {}] does not fit: rank {} needs {} per device (params {}, grads {}, "
+      "optimizer {}, activations {}, transient {}, halo {}, input {}) but parallel.device_memory is {}; ",
+      config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols, e.rank,
+      format_size(e.total), format_size(e.params), format_size(e.grads), format_size(e.optimizer),
+      format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
+      format_size(budget));
+  if (const auto g = smallest_fitting_grid(config, model, plan.groups))
+    return msg + fmt::format("smallest grid that fits: [{}, {}] (set parallel.grid: [{}, {}] or auto)",
+                             g->rows, g->cols, g->rows, g->cols);
+  if (e.params + e.grads + e.optimizer > budget)
+    return msg + fmt::format(
+                     "no grid fits: the weights, gradients and optimizer state alone need {} per "
+                     "device and are not sharded",
+                     format_size(e.params + e.grads + e.optimizer));
+  return msg + fmt::format("no grid up to {} shards fits", kMaxAutoShards);
+}
+
+std::string render_plan_text(const Config& config, const ShardPlan& plan) {
+  const ModelSpec& m = plan.model;
+  const uint64_t budget = config.parallel.device_memory;
+  const std::vector<MemoryEstimate> est = all_estimates(config, plan);
+  std::string s;
+  auto line = [&s](const std::string& t) { s += t + "\n"; };
+
+  line(fmt::format("plan for '{}'{}", config.name,
+                   config.source_path.empty() ? "" : fmt::format(" ({})", config.source_path)));
+  line(fmt::format("grid [{}, {}] (rows x cols), {} sample group{}, world {} rank{} on {} node{} "
+                   "({} devices per node)",
+                   plan.grid_rows, plan.grid_cols, plan.groups, plan.groups == 1 ? "" : "s", plan.world(),
+                   plan.world() == 1 ? "" : "s", nodes_used(config, plan),
+                   nodes_used(config, plan) == 1 ? "" : "s", config.parallel.devices_per_node));
+  line(fmt::format("image {} x {} x {} (H x W x C), batch {} ({} per group), backend {}", m.input.h,
+                   m.input.w, m.input.c, config.training.batch_size, local_batch(config, plan),
+                   to_string(config.parallel.backend)));
+  line("");
+
+  line("shards (pixel rectangles of the image):");
+  line(fmt::format("  {:>5} {:>5} {:>4} {:>6} {:>8}  {:<16} {:<16} {}", "rank", "node", "dev", "group",
+                   "shard", "rows", "cols", "tile (H x W)"));
+  for (int r = 0; r < plan.world(); ++r) {
+    const Rect t = plan.owned_image(r);
+    line(fmt::format("  {:>5} {:>5} {:>4} {:>6} {:>8}  {:<16} {:<16} {} x {}", r, node_of(config, r),
+                     local_device_of(config, r), plan.group_of(r),
+                     fmt::format("({},{})", plan.grid_row_of(r), plan.grid_col_of(r)),
+                     fmt::format("[{}, {})", t.rows.lo, t.rows.hi), fmt::format("[{}, {})", t.cols.lo, t.cols.hi),
+                     t.rows.size(), t.cols.size()));
+  }
+  line("");
+
+  line("halo widths per windowed layer (input rows/cols a shard reads from its neighbours):");
+  line(fmt::format("  {:<28} {:<12} {:<18} {:>18} {:>16}", "layer", "window", "input (HxWxC)",
+                   "rows above/below", "cols left/right"));
+  bool any_windowed = false;
+  for (int l = 0; l < int(m.layers.size()); ++l) {
+    const LayerSpec& L = m.layers[l];
+    if (!L.windowed()) continue;
+    any_windowed = true;
+    const HaloWidths h = halo_widths(plan, l);
+    line(fmt::format("  {:<28} {:<12} {:<18} {:>18} {:>16}",
+                     fmt::format("{} ({})", L.config.name, to_string(L.config.type)), window_text(L),
+                     fmt::format("{}x{}x{}", L.in.h, L.in.w, L.in.c),
+                     fmt::format("{}/{}", h.rows_above, h.rows_below),
+                     fmt::format("{}/{}", h.cols_left, h.cols_right)));
+  }
+  if (!any_windowed) line("  (no windowed layers: nothing is exchanged)");
+  line("");
+
+  line(fmt::format("memory per rank (budget parallel.device_memory = {}):", format_size(budget)));
+  line(fmt::format("  {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {}", "rank",
+                   "params", "grads", "optimizer", "input", "activations", "transient", "halo",
+                   "workspace", "total", "verdict"));
+  for (const MemoryEstimate& e : est)
+    line(fmt::format("  {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {}", e.rank,
+                     format_size(e.params), format_size(e.grads), format_size(e.optimizer),
+                     format_size(e.input), format_size(e.activations), format_size(e.transient),
+                     format_size(e.halo), format_size(e.workspace), format_size(e.total),
+                     e.total <= budget ? "FITS" : "DOES NOT FIT"));
+  line("");
+
+  const HaloTraffic t = halo_traffic_total(config, plan);
+  line(fmt::format("halo bytes per step (forward + backward, all ranks): intra-node {}, inter-node {}",
+                   format_size(t.intra_node), format_size(t.inter_node)));
+  const auto worst = std::max_element(est.begin(), est.end(),
+                                      [](const auto& a, const auto& b) { return a.total < b.total; });
+  const std::string verdict = fit_verdict(config, m, plan);
+  if (verdict.empty())
+    line(fmt::format("FITS: peak {} of {} per device (rank {})", format_size(worst->total),
+                     format_size(budget), worst->rank));
+  else
+    line("DOES NOT FIT: " + verdict);
+  return s;
+}
+
+std::string render_plan_json(const Config& config, const ShardPlan& plan) {
+  const ModelSpec& m = plan.model;
+  const uint64_t budget = config.parallel.device_memory;
+  const std::vector<MemoryEstimate> est = all_estimates(config, plan);
+  const std::string verdict = fit_verdict(config, m, plan);
+  std::string s = "{\n";
+  s += fmt::format("  \"name\": {},\n  \"config\": {},\n", json_string(config.name),
+                   json_string(config.source_path));
+  s += fmt::format("  \"grid\": [{}, {}],\n  \"groups\": {},\n  \"world\": {},\n", plan.grid_rows,
+                   plan.grid_cols, plan.groups, plan.world());
+  s += fmt::format("  \"devices_per_node\": {},\n  \"nodes\": {},\n", config.parallel.devices_per_node,
+                   nodes_used(config, plan));
+  s += fmt::format("  \"image\": {{\"height\": {}, \"width\": {}, \"channels\": {}}},\n", m.input.h, m.input.w,
+                   m.input.c);
+  s += fmt::format("  \"batch_size\": {},\n  \"local_batch\": {},\n  \"backend\": {},\n",
+                   config.training.batch_size, local_batch(config, plan),
+                   json_string(to_string(config.parallel.backend)));
+  s += fmt::format("  \"device_memory\": {},\n", budget);
+
+  s += "  \"ranks\": [\n";
+  for (size_t i = 0; i < est.size(); ++i) {
+    const MemoryEstimate& e = est[i];
+    const int r = e.rank;
+    const Rect t = plan.owned_image(r);
+    const HaloTraffic h = halo_traffic(config, plan, r);
+    s += fmt::format(
+        "    {{\"rank\": {}, \"node\": {}, \"device\": {}, \"group\": {}, \"grid_row\": {}, \"grid_col\": {}, "
+        "\"rows\": [{}, {}], \"cols\": [{}, {}], "
+        "\"memory\": {{\"params\": {}, \"grads\": {}, \"optimizer\": {}, \"input\": {}, \"activations\": {}, "
+        "\"transient\": {}, \"halo\": {}, \"workspace\": {}, \"total\": {}}}, "
+        "\"peak_device_bytes\": {}, \"fits\": {}, "
+        "\"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}}}}{}\n",
+        r, node_of(config, r), local_device_of(config, r), plan.group_of(r), plan.grid_row_of(r),
+        plan.grid_col_of(r), t.rows.lo, t.rows.hi, t.cols.lo, t.cols.hi, e.params, e.grads, e.optimizer,
+        e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total,
+        e.total <= budget ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
+  }
+  s += "  ],\n";
+
+  s += "  \"layers\": [\n";
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerSpec& L = m.layers[l];
+    const HaloWidths h = halo_widths(plan, int(l));
+    s += fmt::format(
+        "    {{\"index\": {}, \"name\": {}, \"type\": {}, \"windowed\": {}, \"spatial\": {}, "
+        "\"input\": [{}, {}, {}], \"output\": [{}, {}, {}], "
+        "\"halo\": {{\"rows_above\": {}, \"rows_below\": {}, \"cols_left\": {}, \"cols_right\": {}}}}}{}\n",
+        l, json_string(L.config.name), json_string(to_string(L.config.type)), L.windowed() ? "true" : "false",
+        L.spatial ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c, h.rows_above,
+        h.rows_below, h.cols_left, h.cols_right, l + 1 < m.layers.size() ? "," : "");
+  }
+  s += "  ],\n";
+
+  const HaloTraffic t = halo_traffic_total(config, plan);
+  uint64_t peak = 0;
+  for (const MemoryEstimate& e : est) peak = std::max(peak, e.total);
+  s += fmt::format("  \"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}},\n", t.intra_node,
+                   t.inter_node);
+  s += fmt::format("  \"max_peak_device_bytes\": {},\n", peak);
+  s += fmt::format("  \"fits\": {},\n  \"verdict\": {}\n", verdict.empty() ? "true" : "false",
+                   json_string(verdict));
+  s += "}\n";
+  return s;
+}
+
+}  // namespace ht

@@ -1,0 +1,30 @@
+// What `halotrain plan` prints: the grid, each rank's pixel rectangle, halo widths per
+// windowed layer, bytes per device against parallel.device_memory, halo traffic per step.
+#pragma once
+
+#include <string>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/memory_model.hpp"  // plan_fits, estimate_memory, choose_grid
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/shard_plan.hpp"
+
+namespace ht {
+
+// Rows/cols of the layer's input a shard reads from its neighbours: the widest over all
+// shards (0 along an axis with one shard).
+struct HaloWidths {
+  int rows_above = 0, rows_below = 0, cols_left = 0, cols_right = 0;
+};
+HaloWidths halo_widths(const ShardPlan& plan, int layer);
+
+std::string render_plan_text(const Config& config, const ShardPlan& plan);
+// The same content as one JSON object (per rank a `peak_device_bytes`), newline-terminated.
+std::string render_plan_json(const Config& config, const ShardPlan& plan);
+
+// "" when every rank fits parallel.device_memory; otherwise one message naming the
+// per-device need against the budget and the smallest grid that fits (or that none up to
+// kMaxAutoShards shards does).
+std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan);
+
+}  // namespace ht

@@ -1,0 +1,26 @@
+# Tests that run programs rather than gtest binaries: the PyTorch oracle (label `oracle`)
+# and MPI runs through mpirun (label `mpi`).
+set(HT_PYTHON /usr/bin/python3)
+foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools)
+  add_test(NAME oracle_${case}
+           COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/oracle.py ${case}
+                   --halotrain $<TARGET_FILE:halotrain> --workdir ${CMAKE_BINARY_DIR}/oracle
+                   --mpirun ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(oracle_${case} PROPERTIES LABELS "oracle;mpi" TIMEOUT 900)
+endforeach()
+
+# Halo exchange over MPI, one rank per shard (and sample groups when ranks exceed the grid).
+add_executable(halo_mpi_test ${CMAKE_CURRENT_SOURCE_DIR}/mpi/halo_mpi_test.cpp)
+target_link_libraries(halo_mpi_test PRIVATE halotrain_worker)
+target_include_directories(halo_mpi_test PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+set(HT_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe -x OMP_NUM_THREADS=1)
+foreach(spec "4;1;4;67;41" "4;4;1;41;67" "4;2;2;53;47" "6;3;2;71;45" "8;2;2;53;47")
+  list(GET spec 0 np)
+  list(GET spec 1 rows)
+  list(GET spec 2 cols)
+  list(GET spec 3 h)
+  list(GET spec 4 w)
+  add_test(NAME halo_mpi_np${np}_grid${rows}x${cols}
+           COMMAND ${HT_MPIRUN} -np ${np} $<TARGET_FILE:halo_mpi_test> ${rows} ${cols} ${h} ${w})
+  set_tests_properties(halo_mpi_np${np}_grid${rows}x${cols} PROPERTIES LABELS mpi TIMEOUT 120)
+endforeach()

@@ -1,0 +1,116 @@
+// Halo-exchange invariants shared by the thread-based gtest and the mpirun program: one
+// rank's side of each check; the caller runs it on every rank of a comm.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "orchestrator/shard_plan.hpp"
+#include "worker/backend.hpp"
+#include "worker/comm.hpp"
+#include "worker/halo_exchange.hpp"
+
+namespace ht::testing {
+
+// A model with several windowed layers whose halos differ per side.
+inline ModelSpec halo_model(int h, int w) {
+  Config c;
+  c.source_path = "halo-test";
+  c.model.height = h;
+  c.model.width = w;
+  c.model.channels = 2;
+  c.model.loss = LossType::SigmoidBCE;
+  auto conv = [](int filters, int k, int s, int d, Padding p) {
+    LayerConfig l;
+    l.type = LayerType::Conv2D;
+    l.filters = filters;
+    l.kernel = k;
+    l.stride = s;
+    l.dilation = d;
+    l.padding = p;
+    return l;
+  };
+  c.model.layers = {conv(2, 3, 1, 1, {PaddingMode::Same, 0}), conv(3, 5, 2, 1, {PaddingMode::Explicit, 1}),
+                    conv(3, 3, 1, 2, {PaddingMode::Valid, 0})};
+  LayerConfig pool;
+  pool.type = LayerType::MaxPool2D;
+  pool.pool = 3;
+  pool.stride = 2;
+  pool.padding = {PaddingMode::Same, 0};
+  c.model.layers.push_back(pool);
+  LayerConfig last = conv(1, 1, 1, 1, {PaddingMode::Valid, 0});
+  c.model.layers.push_back(last);
+  // The output is smaller than the input: fine for exchange tests, never trained.
+  ModelSpec m;
+  m.input = {2, h, w};
+  Shape3 s = m.input;
+  for (auto& l : c.model.layers) {
+    LayerSpec ls;
+    ls.config = l;
+    ls.config.name = fmt::format("layer{}", m.layers.size());
+    ls.in = s;
+    const int k = l.type == LayerType::Conv2D ? l.kernel : l.pool;
+    const int d = l.type == LayerType::Conv2D ? l.dilation : 1;
+    ls.rows = make_window(s.h, k, l.stride, d, l.padding);
+    ls.cols = make_window(s.w, k, l.stride, d, l.padding);
+    ls.out = {l.type == LayerType::Conv2D ? l.filters : s.c, ls.rows.out, ls.cols.out};
+    s = ls.out;
+    m.layers.push_back(ls);
+  }
+  m.spatial_layers = int(m.layers.size());
+  return m;
+}
+
+inline float cell_id(int plane, int row, int col) { return float(plane * 100000 + row * 300 + col + 1); }
+
+// Every cell of the owned input holds its global index; after gather every cell of the
+// extended tensor must hold the index of the global cell it stands for. Returns "" or the
+// first mismatch.
+inline std::string check_gather_indices(const ShardPlan& plan, int layer, int rank, Comm& comm,
+                                        ComputeBackend& backend) {
+  HaloExchange halo(plan, layer, rank, comm, backend);
+  const Rect own = halo.owned(), need = halo.needed();
+  const int n = 2, c = plan.model.layers[layer].in.c;
+  Tensor x(backend.allocator(), n, c, own.rows.size(), own.cols.size(), "x");
+  for (int p = 0; p < n * c; ++p)
+    for (int r = 0; r < own.rows.size(); ++r)
+      for (int q = 0; q < own.cols.size(); ++q)
+        x.data()[(size_t(p) * own.rows.size() + r) * own.cols.size() + q] = cell_id(p, own.rows.lo + r, own.cols.lo + q);
+  Tensor ext = halo.gather(x, "ext");
+  for (int p = 0; p < n * c; ++p)
+    for (int r = 0; r < need.rows.size(); ++r)
+      for (int q = 0; q < need.cols.size(); ++q) {
+        const float got = ext.data()[(size_t(p) * need.rows.size() + r) * need.cols.size() + q];
+        const float want = cell_id(p, need.rows.lo + r, need.cols.lo + q);
+        if (got != want)
+          return fmt::format("layer {} rank {}: extended cell (plane {}, row {}, col {}) holds {}, expected {}",
+                             layer, rank, p, need.rows.lo + r, need.cols.lo + q, got, want);
+      }
+  return "";
+}
+
+// Adjoint test: <gather(x), y> summed over ranks == <x, scatter_add(y)> summed over ranks.
+// Returns the relative difference of the two sums.
+inline double adjoint_gap(const ShardPlan& plan, int layer, int rank, Comm& comm, ComputeBackend& backend) {
+  HaloExchange halo(plan, layer, rank, comm, backend);
+  const Rect own = halo.owned(), need = halo.needed();
+  const int n = 2, c = plan.model.layers[layer].in.c;
+  std::mt19937 rng(1000 + rank * 7 + layer);
+  std::uniform_real_distribution<float> u(-1, 1);
+  Tensor x(backend.allocator(), n, c, own.rows.size(), own.cols.size(), "x");
+  Tensor y(backend.allocator(), n, c, need.rows.size(), need.cols.size(), "y");
+  for (size_t i = 0; i < x.size(); ++i) x.data()[i] = u(rng);
+  for (size_t i = 0; i < y.size(); ++i) y.data()[i] = u(rng);
+  Tensor fx = halo.gather(x, "fx");
+  Tensor fty = halo.scatter_add(y, "fty");
+  double sums[2] = {0, 0};
+  for (size_t i = 0; i < fx.size(); ++i) sums[0] += double(fx.data()[i]) * y.data()[i];
+  for (size_t i = 0; i < x.size(); ++i) sums[1] += double(x.data()[i]) * fty.data()[i];
+  comm.allreduce_sum_host(sums, 2);
+  return std::abs(sums[0] - sums[1]) / std::max(1.0, std::abs(sums[0]));
+}
+
+}  // namespace ht::testing

@@ -1,0 +1,351 @@
+#!/usr/bin/python3
+"""Oracle: sharded halotrain training == PyTorch float64 training on the whole image.
+
+For one case it writes data and Keras-format initial weights with h5py, trains the same
+model in PyTorch (float64, whole image, same data order, init and optimizer) for K steps,
+runs `halotrain train` on several grids (threads of one process, and under mpirun), and
+compares every weight and batch-norm moving statistic of the final checkpoint:
+|a - r| <= 1e-5 + 1e-4 |r|.
+
+usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN]
+"""
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+STEPS = 3
+ATOL, RTOL = 1e-5, 1e-4
+
+# Layers in the YAML spelling of SPEC section 3. Conv layers followed by batch norm have no
+# bias: its gradient is zero in exact arithmetic, and Adam would amplify float32 noise.
+CASES = {
+    "classifier_adam": dict(
+        input=[97, 83, 2], loss="softmax_cross_entropy", classes=3,
+        optimizer=dict(type="adam", lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm", momentum=0.9, epsilon=1e-3),
+            dict(type="relu"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d", filters=5, kernel=3, stride=2, padding=1),
+            dict(type="relu"),
+            dict(type="conv2d", filters=6, kernel=3, dilation=2, padding="valid"),
+            dict(type="avg_pool2d", pool=2),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=3),
+        ],
+        grids=[[1, 1], [2, 1], [1, 2], [2, 2], [3, 2]],
+        mpi=[(4, [2, 2]), (2, [1, 1]), (4, [2, 1])],
+    ),
+    "segmentation_bce_sgd": dict(
+        input=[61, 50, 1], loss="sigmoid_bce", masks=True,
+        optimizer=dict(type="sgd", lr=0.05, momentum=0.9),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=5, padding="same", bias=False),
+            dict(type="batch_norm", momentum=0.99, epsilon=1e-3),
+            dict(type="relu"),
+            dict(type="conv2d", filters=3, kernel=3, padding=1),
+            dict(type="relu"),
+            dict(type="conv2d", filters=1, kernel=1),
+        ],
+        grids=[[1, 1], [4, 1], [1, 3], [3, 2]],
+        mpi=[(3, [1, 3])],
+    ),
+    "regression_mse_pools": dict(
+        input=[45, 52, 1], loss="mse", classes=4,
+        optimizer=dict(type="sgd", lr=0.1, momentum=0.0),
+        layers=[
+            dict(type="conv2d", filters=3, kernel=7, stride=2, padding="same"),
+            dict(type="relu"),
+            dict(type="avg_pool2d", pool=3, stride=2, padding="same"),
+            dict(type="conv2d", filters=4, kernel=3, padding="same", dilation=2),
+            dict(type="max_pool2d", pool=3, stride=1, padding=1),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=4),
+        ],
+        grids=[[1, 1], [2, 2], [2, 1]],
+        mpi=[(2, [1, 2])],
+    ),
+}
+
+COUNT, BATCH, SEED = 6, 4, 99
+
+
+# --- the data order of worker/batch.cpp: splitmix64 Fisher-Yates per epoch -------------
+M64 = (1 << 64) - 1
+
+
+def splitmix(state):
+    state = (state + 0x9E3779B97F4A7C15) & M64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return state, z ^ (z >> 31)
+
+
+def permutation(seed, epoch, n, shuffle=True):
+    p = list(range(n))
+    if not shuffle:
+        return p
+    state = (seed * 0x100000001B3 + epoch) & M64
+    for i in range(n - 1, 0, -1):
+        state, r = splitmix(state)
+        j = r % (i + 1)
+        p[i], p[j] = p[j], p[i]
+    return p
+
+
+def samples_of_step(step, n):
+    out = []
+    for pos in range(step * BATCH, (step + 1) * BATCH):
+        out.append(permutation(SEED, pos // n, n)[pos % n])
+    return out
+
+
+# --- the model in PyTorch, float64, whole image ----------------------------------------
+def window(n, k, s, d, padding):
+    span = d * (k - 1) + 1
+    if padding == "same":
+        out = -(-n // s)
+        total = max((out - 1) * s + span - n, 0)
+        return total // 2, total - total // 2
+    if padding == "valid":
+        return 0, 0
+    return int(padding), int(padding)
+
+
+def layer_names(layers):
+    prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation",
+                  max_pool2d="max_pooling2d", avg_pool2d="average_pooling2d",
+                  global_avg_pool="global_average_pooling2d", dense="dense")
+    counts, names = {}, []
+    for l in layers:
+        counts[l["type"]] = counts.get(l["type"], 0) + 1
+        names.append(f"{prefix[l['type']]}_{counts[l['type']]}")
+    return names
+
+
+def init_weights(case, rng):
+    """Keras-layout weights per layer name, float32 (what the .h5 file holds)."""
+    c = case["input"][2]
+    weights = {}
+    for name, l in zip(layer_names(case["layers"]), case["layers"]):
+        t = l["type"]
+        if t == "conv2d":
+            k = l["kernel"]
+            fan = k * k * c
+            w = [("kernel:0", rng.uniform(-1, 1, (k, k, c, l["filters"])) * math.sqrt(3.0 / fan))]
+            if l.get("bias", True):
+                w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
+            c = l["filters"]
+        elif t == "batch_norm":
+            w = [("gamma:0", rng.uniform(0.5, 1.5, (c,))), ("beta:0", rng.uniform(-0.2, 0.2, (c,))),
+                 ("moving_mean:0", rng.uniform(-0.1, 0.1, (c,))), ("moving_variance:0", rng.uniform(0.5, 1.5, (c,)))]
+        elif t == "dense":
+            w = [("kernel:0", rng.uniform(-1, 1, (c, l["units"])) * math.sqrt(3.0 / c)),
+                 ("bias:0", rng.uniform(-0.1, 0.1, (l["units"],)))]
+            c = l["units"]
+        else:
+            w = []
+        weights[name] = [(n, np.asarray(v, dtype=np.float32)) for n, v in w]
+    return weights
+
+
+def write_keras_weights(path, case, weights):
+    names = layer_names(case["layers"])
+    with h5py.File(path, "w") as f:
+        f.attrs["layer_names"] = np.array([n.encode() for n in names])
+        f.attrs["backend"] = b"tensorflow"
+        f.attrs["keras_version"] = b"2.1.6"
+        for n in names:
+            g = f.create_group(n)
+            g.attrs["weight_names"] = np.array([f"{n}/{w}".encode() for w, _ in weights[n]])
+            for w, v in weights[n]:
+                g.create_dataset(f"{n}/{w}", data=v)
+
+
+class Torch:
+    def __init__(self, case, weights):
+        self.case = case
+        self.names = layer_names(case["layers"])
+        self.p = {}
+        for n, l in zip(self.names, case["layers"]):
+            for w, v in weights[n]:
+                t = torch.tensor(v, dtype=torch.float64)
+                if w == "kernel:0" and l["type"] == "conv2d":
+                    t = t.permute(3, 2, 0, 1).contiguous()
+                self.p[(n, w)] = t.requires_grad_(w not in ("moving_mean:0", "moving_variance:0"))
+
+    def params(self):
+        return [t for (n, w), t in self.p.items() if t.requires_grad]
+
+    def forward(self, x):
+        for n, l in zip(self.names, self.case["layers"]):
+            t = l["type"]
+            if t == "conv2d":
+                k, s, d = l["kernel"], l.get("stride", 1), l.get("dilation", 1)
+                pt, pb = window(x.shape[2], k, s, d, l.get("padding", "valid"))
+                pl, pr = window(x.shape[3], k, s, d, l.get("padding", "valid"))
+                x = F.conv2d(F.pad(x, (pl, pr, pt, pb)), self.p[(n, "kernel:0")], self.p.get((n, "bias:0")),
+                             stride=s, dilation=d)
+            elif t == "batch_norm":
+                x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
+                                 self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=True,
+                                 momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
+            elif t == "relu":
+                x = F.relu(x)
+            elif t in ("max_pool2d", "avg_pool2d"):
+                k = l.get("pool", 2)
+                s = l.get("stride", k)
+                pt, pb = window(x.shape[2], k, s, 1, l.get("padding", "valid"))
+                pl, pr = window(x.shape[3], k, s, 1, l.get("padding", "valid"))
+                if t == "max_pool2d":
+                    x = F.max_pool2d(F.pad(x, (pl, pr, pt, pb), value=-math.inf), k, s)
+                else:
+                    ones = torch.ones_like(x[:1, :1])
+                    total = F.avg_pool2d(F.pad(x, (pl, pr, pt, pb)), k, s)
+                    count = F.avg_pool2d(F.pad(ones, (pl, pr, pt, pb)), k, s)
+                    x = total / count
+            elif t == "global_avg_pool":
+                x = x.mean(dim=(2, 3))
+            elif t == "dense":
+                x = x @ self.p[(n, "kernel:0")] + self.p[(n, "bias:0")]
+        return x
+
+    def keras(self, n, w):
+        t = self.p[(n, w)].detach()
+        if w == "kernel:0" and t.dim() == 4:
+            t = t.permute(2, 3, 1, 0)
+        return t.numpy()
+
+
+def loss_of(case, out, labels, masks):
+    if case["loss"] == "softmax_cross_entropy":
+        return F.cross_entropy(out, labels)
+    if case["loss"] == "sigmoid_bce":
+        return F.binary_cross_entropy_with_logits(out, masks)
+    target = masks if case.get("masks") else F.one_hot(labels, out.shape[1]).to(out.dtype)
+    return F.mse_loss(out, target)
+
+
+def reference(case, images, labels, masks, weights):
+    model = Torch(case, weights)
+    o = case["optimizer"]
+    if o["type"] == "adam":
+        opt = torch.optim.Adam(model.params(), lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["epsilon"])
+    else:
+        opt = torch.optim.SGD(model.params(), lr=o["lr"], momentum=o["momentum"])
+    x_all = torch.tensor(images, dtype=torch.float64).permute(0, 3, 1, 2)
+    losses = []
+    for step in range(STEPS):
+        idx = samples_of_step(step, len(images))
+        x = x_all[idx]
+        y = torch.tensor(labels[idx], dtype=torch.int64) if labels is not None else None
+        m = torch.tensor(masks[idx], dtype=torch.float64).permute(0, 3, 1, 2) if masks is not None else None
+        opt.zero_grad()
+        loss = loss_of(case, model.forward(x), y, m)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def write_config(path, case, workdir, tag):
+    import json
+    cfg = dict(
+        name=tag, run_dir=os.path.join(workdir, "runs", tag), seed=SEED,
+        data=dict(train=os.path.join(workdir, "data.h5"), targets="masks" if case.get("masks") else "labels",
+                  shuffle=True),
+        model=dict(input=case["input"], layers=case["layers"], loss=case["loss"]),
+        training=dict(batch_size=BATCH, steps=STEPS, optimizer=case["optimizer"],
+                      init_weights=os.path.join(workdir, "init.h5")),
+        parallel=dict(backend="cpu", grid=[1, 1], device_memory="4GiB"),
+        checkpoint=dict(every_steps=0, keep=2, resume="never"),
+    )
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)  # JSON is YAML
+
+
+def compare(case, model, ckpt):
+    worst, failures = 0.0, []
+    with h5py.File(ckpt, "r") as f:
+        for n, l in zip(model.names, case["layers"]):
+            for (ln, w), _ in model.p.items():
+                if ln != n:
+                    continue
+                ref = model.keras(n, w)
+                got = np.asarray(f[n][n][w], dtype=np.float64)
+                if got.shape != ref.shape:
+                    failures.append(f"{n}/{w}: shape {got.shape} != {ref.shape}")
+                    continue
+                err = np.abs(got - ref) - (ATOL + RTOL * np.abs(ref))
+                worst = max(worst, float((np.abs(got - ref) / (ATOL + RTOL * np.abs(ref))).max()))
+                if (err > 0).any():
+                    i = np.unravel_index(np.argmax(err), err.shape)
+                    failures.append(f"{n}/{w}{list(i)}: halotrain {got[i]:.8g} vs torch {ref[i]:.8g}")
+    return worst, failures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("--halotrain", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--mpirun", default="")
+    args = ap.parse_args()
+    case = CASES[args.case]
+    work = os.path.join(args.workdir, args.case)
+    os.makedirs(work, exist_ok=True)
+    rng = np.random.default_rng(7)
+    h, w, c = case["input"]
+    images = rng.uniform(0, 1, (COUNT, h, w, c)).astype(np.float32)
+    labels = masks = None
+    with h5py.File(os.path.join(work, "data.h5"), "w") as f:
+        f.create_dataset("images", data=images, chunks=(1, min(h, 32), min(w, 32), c))
+        if case.get("masks"):
+            masks = (rng.uniform(0, 1, (COUNT, h, w, 1)) > 0.6).astype(np.uint8)
+            f.create_dataset("masks", data=masks, chunks=(1, min(h, 32), min(w, 32), 1))
+        else:
+            labels = rng.integers(0, case["classes"], COUNT).astype(np.int32)
+            f.create_dataset("labels", data=labels)
+    weights = init_weights(case, rng)
+    write_keras_weights(os.path.join(work, "init.h5"), case, weights)
+    model, losses = reference(case, images, labels, masks, weights)
+    print(f"{args.case}: torch float64 losses {['%.6f' % v for v in losses]}")
+
+    runs = [("local", g, None) for g in case["grids"]]
+    if args.mpirun:
+        runs += [("mpi", g, np_) for np_, g in case["mpi"]]
+    failed = False
+    for kind, grid, nproc in runs:
+        tag = f"{kind}-{grid[0]}x{grid[1]}" + (f"-np{nproc}" if nproc else "")
+        cfg = os.path.join(work, f"{tag}.yaml")
+        write_config(cfg, case, work, tag)
+        cmd = [args.halotrain, "train", cfg, "--set", f"parallel.grid=[{grid[0]},{grid[1]}]"]
+        if nproc:
+            cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(nproc),
+                   "-x", "OMP_NUM_THREADS=1"] + cmd
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            print(f"  {tag}: FAILED to train (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}")
+            failed = True
+            continue
+        ckpt = os.path.join(work, "runs", tag, "checkpoints", f"ckpt-{STEPS}.h5")
+        worst, failures = compare(case, model, ckpt)
+        status = "ok" if not failures else "MISMATCH"
+        print(f"  {tag}: {status}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}")
+        for line in failures[:10]:
+            print("    " + line)
+        failed |= bool(failures)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,513 @@
+// CPU kernels in double: every backward is checked against central differences of its
+// forward (caffe's gradient checker), and every forward against an independent direct
+// formula or hand-computed values, so a wrong forward cannot hide behind a consistent
+// backward.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/loss.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/pool.hpp"
+
+namespace ht::cpu {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec random_vec(size_t n, std::mt19937_64& rng, double lo = -1, double hi = 1) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+double dotv(const Vec& a, const Vec& b) {
+  return std::inner_product(a.begin(), a.end(), b.begin(), 0.0);
+}
+
+// Central differences of `loss` w.r.t. every element of `p`, against `analytic`.
+// Reports the worst element so a failure says where.
+void check_grad(const std::string& what, Vec& p, const Vec& analytic,
+                const std::function<double()>& loss, double h = 1e-5, double atol = 1e-7,
+                double rtol = 1e-6) {
+  ASSERT_EQ(p.size(), analytic.size()) << what;
+  double worst = 0;
+  size_t worst_i = 0;
+  double worst_num = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double s = p[i];
+    p[i] = s + h;
+    const double lp = loss();
+    p[i] = s - h;
+    const double lm = loss();
+    p[i] = s;
+    const double num = (lp - lm) / (2 * h);
+    const double excess = std::fabs(num - analytic[i]) - (atol + rtol * std::fabs(num));
+    if (excess > worst || std::isnan(analytic[i])) {
+      worst = std::isnan(analytic[i]) ? 1 : excess;
+      worst_i = i;
+      worst_num = num;
+    }
+  }
+  EXPECT_LE(worst, 0.0) << what << ": element " << worst_i << " analytic " << analytic[worst_i]
+                        << " numeric " << worst_num;
+}
+
+// ---------------------------------------------------------------------------- conv
+
+std::string str(const ConvGeom& g) {
+  char b[256];
+  std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n,
+                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h,
+                g.dil_w, g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
+  return b;
+}
+
+ConvGeom geom(int n, int cin, int h, int w, int cout, int kh, int kw, int sh, int sw, int dh,
+              int dw, int pt, int pb, int pl, int pr) {
+  ConvGeom g;
+  g.n = n, g.cin = cin, g.hin = h, g.win = w, g.cout = cout, g.kh = kh, g.kw = kw;
+  g.stride_h = sh, g.stride_w = sw, g.dil_h = dh, g.dil_w = dw;
+  g.pad_top = pt, g.pad_bottom = pb, g.pad_left = pl, g.pad_right = pr;
+  return g;
+}
+
+std::vector<ConvGeom> conv_geoms() {
+  std::vector<ConvGeom> gs = {
+      geom(2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),  // 'same', odd sizes
+      geom(1, 2, 9, 8, 3, 3, 3, 2, 2, 1, 1, 0, 1, 0, 1),  // TF 'same' stride 2: pad bottom/right
+      geom(2, 2, 8, 9, 2, 3, 2, 1, 1, 2, 2, 2, 1, 0, 3),  // dilation 2, asymmetric
+      geom(1, 3, 7, 7, 2, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0),  // 1x1 stride 2
+      geom(2, 1, 6, 5, 3, 5, 3, 2, 1, 1, 2, 3, 2, 1, 0),  // mixed strides and dilations
+      geom(1, 2, 5, 5, 2, 2, 2, 3, 2, 2, 1, 0, 2, 1, 1),  // stride 3, even kernel
+      geom(1, 2, 4, 5, 2, 2, 2, 1, 1, 1, 1, 3, 0, 0, 3),  // padding wider than the kernel
+  };
+  std::mt19937_64 rng(7);
+  auto u = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  while (gs.size() < 13) {
+    ConvGeom g = geom(u(1, 2), u(1, 3), u(3, 9), u(3, 9), u(1, 3), u(1, 4), u(1, 4), u(1, 3),
+                      u(1, 3), u(1, 2), u(1, 2), u(0, 2), u(0, 2), u(0, 2), u(0, 2));
+    if (g.hin + g.pad_top + g.pad_bottom >= g.dil_h * (g.kh - 1) + 1 &&
+        g.win + g.pad_left + g.pad_right >= g.dil_w * (g.kw - 1) + 1)
+      gs.push_back(g);
+  }
+  return gs;
+}
+
+// The definition, written independently of the kernel: a zero-padded input read.
+Vec conv_direct(const ConvGeom& g, const Vec& x, const Vec& w, const Vec& b) {
+  const int ho = g.hout(), wo = g.wout();
+  Vec y(g.y_size());
+  for (int n = 0; n < g.n; ++n)
+    for (int co = 0; co < g.cout; ++co)
+      for (int oh = 0; oh < ho; ++oh)
+        for (int ow = 0; ow < wo; ++ow) {
+          double s = b.empty() ? 0 : b[co];
+          for (int ci = 0; ci < g.cin; ++ci)
+            for (int r = 0; r < g.kh; ++r)
+              for (int k = 0; k < g.kw; ++k) {
+                const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
+                const int iw = ow * g.stride_w - g.pad_left + k * g.dil_w;
+                if (ih < 0 || ih >= g.hin || iw < 0 || iw >= g.win) continue;
+                s += x[((n * g.cin + ci) * g.hin + ih) * g.win + iw] *
+                     w[((co * g.cin + ci) * g.kh + r) * g.kw + k];
+              }
+          y[((n * g.cout + co) * ho + oh) * wo + ow] = s;
+        }
+  return y;
+}
+
+TEST(ConvCpu, HandComputedCrossCorrelation) {
+  // x = 1..9 in a 3x3 image, w = [[1,2],[3,4]]: cross-correlation gives 37 at (0,0);
+  // a flipped kernel (true convolution) would give 23.
+  ConvGeom g = geom(1, 1, 3, 3, 1, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w = {1, 2, 3, 4}, b = {0.5}, y(g.y_size());
+  conv2d_forward<double>(g, x.data(), w.data(), b.data(), y.data());
+  EXPECT_EQ(y, (Vec{37.5, 47.5, 67.5, 77.5}));
+  // Asymmetric padding: one row on top only, so the first output row sees padding.
+  g.pad_top = 1;
+  Vec y2(g.y_size());
+  conv2d_forward<double>(g, x.data(), w.data(), nullptr, y2.data());
+  EXPECT_EQ(y2, (Vec{3 * 1 + 4 * 2, 3 * 2 + 4 * 3, 37, 47, 67, 77}));
+}
+
+TEST(ConvCpu, ForwardMatchesDefinition) {
+  std::mt19937_64 rng(1);
+  for (const ConvGeom& g : conv_geoms()) {
+    Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng),
+        b = random_vec(g.cout, rng), y(g.y_size()), yn(g.y_size());
+    conv2d_forward<double>(g, x.data(), w.data(), b.data(), y.data());
+    Vec r = conv_direct(g, x, w, b);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], r[i], 1e-12) << str(g) << " i=" << i;
+    conv2d_forward<double>(g, x.data(), w.data(), nullptr, yn.data());
+    Vec rn = conv_direct(g, x, w, {});
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(yn[i], rn[i], 1e-12) << str(g);
+  }
+}
+
+TEST(ConvCpu, GradientCheck) {
+  std::mt19937_64 rng(2);
+  for (const ConvGeom& g : conv_geoms()) {
+    SCOPED_TRACE(str(g));
+    Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng),
+        b = random_vec(g.cout, rng), r = random_vec(g.y_size(), rng), y(g.y_size());
+    auto loss = [&] {
+      conv2d_forward<double>(g, x.data(), w.data(), b.data(), y.data());
+      return dotv(y, r);
+    };
+    // Poison the outputs: the kernels must overwrite, not accumulate.
+    Vec dx(g.x_size(), 1e3), dw(g.w_size(), 1e3), db(g.cout, 1e3);
+    conv2d_backward_data<double>(g, r.data(), w.data(), dx.data());
+    conv2d_backward_weights<double>(g, x.data(), r.data(), dw.data(), db.data());
+    check_grad("dx", x, dx, loss);
+    check_grad("dw", w, dw, loss);
+    check_grad("dbias", b, db, loss);
+    Vec dw2(g.w_size());
+    conv2d_backward_weights<double>(g, x.data(), r.data(), dw2.data(), nullptr);
+    EXPECT_EQ(dw, dw2);
+  }
+}
+
+TEST(ConvCpu, FloatLoopsMatchDouble) {
+  std::mt19937_64 rng(3);
+  for (const ConvGeom& g : conv_geoms()) {
+    Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng),
+        b = random_vec(g.cout, rng), dy = random_vec(g.y_size(), rng);
+    Vec y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(g.cout);
+    conv2d_forward<double>(g, x.data(), w.data(), b.data(), y.data());
+    conv2d_backward_data<double>(g, dy.data(), w.data(), dx.data());
+    conv2d_backward_weights<double>(g, x.data(), dy.data(), dw.data(), db.data());
+    auto f = [](const Vec& v) { return std::vector<float>(v.begin(), v.end()); };
+    auto xf = f(x), wf = f(w), bf = f(b), dyf = f(dy);
+    std::vector<float> yf(y.size()), dxf(dx.size()), dwf(dw.size()), dbf(db.size());
+    conv2d_forward<float>(g, xf.data(), wf.data(), bf.data(), yf.data());
+    conv2d_backward_data<float>(g, dyf.data(), wf.data(), dxf.data());
+    conv2d_backward_weights<float>(g, xf.data(), dyf.data(), dwf.data(), dbf.data());
+    auto near = [&](const char* what, const std::vector<float>& a, const Vec& r) {
+      for (size_t i = 0; i < r.size(); ++i)
+        ASSERT_LE(std::fabs(a[i] - r[i]), 1e-5 + 1e-5 * std::fabs(r[i])) << what << " " << str(g);
+    };
+    near("y", yf, y), near("dx", dxf, dx), near("dw", dwf, dw), near("db", dbf, db);
+  }
+}
+
+TEST(ConvCpu, RejectsBadGeometry) {
+  std::vector<double> buf(64);
+  ConvGeom g = geom(1, 1, 2, 2, 1, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0);  // 3x3 kernel on 2x2
+  EXPECT_THROW(conv2d_forward<double>(g, buf.data(), buf.data(), nullptr, buf.data()),
+               std::invalid_argument);
+  g = geom(1, 1, 4, 4, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0, 0);  // stride 0
+  EXPECT_THROW(validate(g), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------- pool
+
+PoolGeom pgeom(int n, int c, int h, int w, int kh, int kw, int sh, int sw, int pt, int pb,
+               int pl, int pr) {
+  PoolGeom g;
+  g.n = n, g.c = c, g.hin = h, g.win = w, g.kh = kh, g.kw = kw, g.stride_h = sh, g.stride_w = sw;
+  g.pad_top = pt, g.pad_bottom = pb, g.pad_left = pl, g.pad_right = pr;
+  return g;
+}
+
+std::vector<PoolGeom> pool_geoms() {
+  return {pgeom(2, 3, 6, 6, 2, 2, 2, 2, 0, 0, 0, 0), pgeom(1, 2, 7, 5, 2, 2, 2, 2, 0, 0, 0, 0),
+          pgeom(2, 1, 7, 8, 3, 3, 2, 2, 1, 1, 1, 1), pgeom(1, 2, 5, 7, 3, 2, 1, 2, 0, 1, 1, 0),
+          pgeom(1, 1, 9, 6, 3, 3, 1, 1, 1, 0, 0, 1), pgeom(2, 2, 5, 5, 4, 3, 3, 2, 2, 1, 1, 1)};
+}
+
+// Distinct values (a shuffled ramp) so no window has a tie that a nudge could flip.
+Vec distinct_vec(size_t n, std::mt19937_64& rng) {
+  Vec v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = -1.0 + 2.0 * double(i) / double(n);
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+TEST(PoolCpu, MaxGradientCheck) {
+  std::mt19937_64 rng(4);
+  for (const PoolGeom& g : pool_geoms()) {
+    Vec x = distinct_vec(g.x_size(), rng), r = random_vec(g.y_size(), rng), y(g.y_size());
+    Vec dx(g.x_size(), 1e3);
+    max_pool_backward<double>(g, x.data(), r.data(), dx.data());
+    check_grad("maxpool dx", x, dx, [&] {
+      max_pool_forward<double>(g, x.data(), y.data());
+      return dotv(y, r);
+    }, 1e-6);
+  }
+}
+
+TEST(PoolCpu, AvgGradientCheck) {
+  std::mt19937_64 rng(5);
+  for (const PoolGeom& g : pool_geoms()) {
+    Vec x = random_vec(g.x_size(), rng), r = random_vec(g.y_size(), rng), y(g.y_size());
+    Vec dx(g.x_size(), 1e3);
+    avg_pool_backward<double>(g, r.data(), dx.data());
+    check_grad("avgpool dx", x, dx, [&] {
+      avg_pool_forward<double>(g, x.data(), y.data());
+      return dotv(y, r);
+    });
+  }
+}
+
+TEST(PoolCpu, MaxTiesGoToFirstInScanOrderAndPaddingNeverWins) {
+  // 1 plane 2x4, window 2x2 stride 2: left window [[5,5],[5,5]] -> (0,0);
+  // right window [[1,3],[3,2]] -> (0,3), the first 3 in row-major order.
+  PoolGeom g = pgeom(1, 1, 2, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+  Vec x = {5, 5, 1, 3, 5, 5, 3, 2}, y(2), dx(8, 7.0), dy = {10, 20};
+  max_pool_forward<double>(g, x.data(), y.data());
+  EXPECT_EQ(y, (Vec{5, 3}));
+  max_pool_backward<double>(g, x.data(), dy.data(), dx.data());
+  EXPECT_EQ(dx, (Vec{10, 0, 0, 20, 0, 0, 0, 0}));
+  // Overlapping windows (3x3 stride 1, pad 1) over a constant image: every window's
+  // first in-image element gets its gradient, and they add up.
+  PoolGeom o = pgeom(1, 1, 2, 2, 3, 3, 1, 1, 1, 1, 1, 1);
+  Vec c = {-2, -2, -2, -2}, yc(4), dyc = {1, 2, 4, 8}, dxc(4);
+  max_pool_forward<double>(o, c.data(), yc.data());
+  EXPECT_EQ(yc, (Vec{-2, -2, -2, -2}));  // all negative: padding (-inf) never wins
+  max_pool_backward<double>(o, c.data(), dyc.data(), dxc.data());
+  EXPECT_EQ(dxc, (Vec{15, 0, 0, 0}));  // every window starts at (0,0)
+}
+
+TEST(PoolCpu, AvgExcludesPadding) {
+  // 3x3 image 1..9, window 2x2 stride 2, pad 1 each side -> 2x2 output.
+  PoolGeom g = pgeom(1, 1, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1);
+  Vec x = {1, 2, 3, 4, 5, 6, 7, 8, 9}, y(4);
+  avg_pool_forward<double>(g, x.data(), y.data());
+  EXPECT_EQ(y, (Vec{1, (2 + 3) / 2.0, (4 + 7) / 2.0, (5 + 6 + 8 + 9) / 4.0}));
+}
+
+// ---------------------------------------------------------------------------- batch norm
+
+// Full training-mode BN built from the pieces; the batch is split in two "shards" to show
+// the partial sums combine.
+struct Bn {
+  Bn(int n_, int c_, long hw_) : n(n_), c(c_), hw(hw_) {}
+  int n, c;
+  long hw;
+  double eps = 1e-3;
+  Vec mean, invstd;
+
+  Vec forward(const Vec& x, const Vec& gamma, const Vec& beta) {
+    const int n1 = n / 2;
+    const size_t off = size_t(n1) * c * hw;
+    mean.assign(c, 0);
+    Vec sq(c, 0), y(x.size());
+    channel_sum<double>(n1, c, hw, x.data(), mean.data());
+    channel_sum<double>(n - n1, c, hw, x.data() + off, mean.data());
+    const double count = double(n) * hw;
+    for (auto& m : mean) m /= count;
+    channel_sq_dev_sum<double>(n1, c, hw, x.data(), mean.data(), sq.data());
+    channel_sq_dev_sum<double>(n - n1, c, hw, x.data() + off, mean.data(), sq.data());
+    invstd.resize(c);
+    for (int i = 0; i < c; ++i) invstd[i] = 1.0 / std::sqrt(sq[i] / count + eps);
+    bn_forward_apply<double>(n, c, hw, x.data(), mean.data(), invstd.data(), gamma.data(),
+                             beta.data(), y.data());
+    return y;
+  }
+  // Returns dx; dgamma, dbeta from the reduced sums.
+  Vec backward(const Vec& x, const Vec& dy, const Vec& gamma, Vec& dgamma, Vec& dbeta) {
+    const int n1 = n / 2;
+    const size_t off = size_t(n1) * c * hw;
+    dbeta.assign(c, 0), dgamma.assign(c, 0);
+    bn_backward_sums<double>(n1, c, hw, dy.data(), x.data(), mean.data(), invstd.data(),
+                             dbeta.data(), dgamma.data());
+    bn_backward_sums<double>(n - n1, c, hw, dy.data() + off, x.data() + off, mean.data(),
+                             invstd.data(), dbeta.data(), dgamma.data());
+    Vec dx(x.size(), 1e3);
+    bn_backward_apply<double>(n, c, hw, dy.data(), x.data(), mean.data(), invstd.data(),
+                              gamma.data(), dbeta.data(), dgamma.data(), double(n) * hw,
+                              dx.data());
+    return dx;
+  }
+};
+
+TEST(NormCpu, ForwardMatchesDefinition) {
+  std::mt19937_64 rng(6);
+  Bn bn{3, 2, 5};
+  Vec x = random_vec(30, rng, 2, 5), gamma = {1.5, -0.5}, beta = {0.25, 2};
+  Vec y = bn.forward(x, gamma, beta);
+  for (int ch = 0; ch < 2; ++ch) {
+    double m = 0, v = 0;
+    for (int n = 0; n < 3; ++n)
+      for (int i = 0; i < 5; ++i) m += x[(n * 2 + ch) * 5 + i] / 15;
+    for (int n = 0; n < 3; ++n)
+      for (int i = 0; i < 5; ++i) v += std::pow(x[(n * 2 + ch) * 5 + i] - m, 2) / 15;  // biased
+    for (int n = 0; n < 3; ++n)
+      for (int i = 0; i < 5; ++i) {
+        const size_t k = (n * 2 + ch) * 5 + i;
+        EXPECT_NEAR(y[k], (x[k] - m) / std::sqrt(v + 1e-3) * gamma[ch] + beta[ch], 1e-12);
+      }
+  }
+}
+
+TEST(NormCpu, GradientCheck) {
+  std::mt19937_64 rng(7);
+  for (auto [n, c, hw] : {std::tuple{3, 2, 7L}, std::tuple{2, 3, 12L}, std::tuple{5, 1, 1L}}) {
+    Bn bn{n, c, hw};
+    Vec x = random_vec(size_t(n) * c * hw, rng, -2, 3), gamma = random_vec(c, rng, 0.5, 2),
+        beta = random_vec(c, rng), r = random_vec(x.size(), rng);
+    auto loss = [&] { return dotv(bn.forward(x, gamma, beta), r); };
+    loss();
+    Vec dgamma, dbeta, dx = bn.backward(x, r, gamma, dgamma, dbeta);
+    check_grad("bn dx", x, dx, loss, 1e-5, 1e-6, 1e-5);
+    check_grad("bn dgamma", gamma, dgamma, loss, 1e-5, 1e-6, 1e-5);
+    check_grad("bn dbeta", beta, dbeta, loss, 1e-5, 1e-6, 1e-5);
+  }
+}
+
+// ---------------------------------------------------------------------------- elementwise
+
+TEST(ElementwiseCpu, ReluGradientCheck) {
+  std::mt19937_64 rng(8);
+  Vec x = random_vec(50, rng), r = random_vec(50, rng), y(50), dx(50, 1e3);
+  for (auto& v : x) v += v > 0 ? 0.1 : -0.1;  // away from the kink
+  relu_forward<double>(x.size(), x.data(), y.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(y[i], x[i] > 0 ? x[i] : 0.0);
+  relu_backward<double>(x.size(), y.data(), r.data(), dx.data());
+  check_grad("relu dx", x, dx, [&] {
+    relu_forward<double>(x.size(), x.data(), y.data());
+    return dotv(y, r);
+  });
+  Vec zero = {0.0}, g = {5.0}, d = {1.0};  // torch: no gradient where the output is 0
+  relu_backward<double>(1, zero.data(), g.data(), d.data());
+  EXPECT_EQ(d[0], 0.0);
+}
+
+TEST(ElementwiseCpu, GlobalAvgGradientCheck) {
+  std::mt19937_64 rng(9);
+  const int n = 2, c = 3;
+  const long hw = 10;
+  Vec x = random_vec(n * c * hw, rng), r = random_vec(n * c, rng), dx(x.size(), 1e3);
+  auto loss = [&] {
+    Vec s(n * c, 0);
+    global_avg_sum<double>(n, c, hw, x.data(), s.data());
+    for (auto& v : s) v /= double(hw);
+    return dotv(s, r);
+  };
+  global_avg_backward<double>(n, c, hw, r.data(), 1.0 / hw, dx.data());
+  check_grad("gap dx", x, dx, loss);
+  Vec s = {100, 0, 0, 0, 0, 0};  // accumulates
+  global_avg_sum<double>(n, c, hw, x.data(), s.data());
+  EXPECT_NEAR(s[0], 100 + std::accumulate(x.begin(), x.begin() + hw, 0.0), 1e-12);
+}
+
+TEST(ElementwiseCpu, PackUnpackRects) {
+  const int n = 2, c = 3, h = 5, w = 7, r0 = 1, c0 = 2, rows = 3, cols = 4;
+  Vec src(n * c * h * w);
+  std::iota(src.begin(), src.end(), 0.0);  // every cell holds its own index
+  Vec packed(n * c * rows * cols);
+  pack_rect<double>(src.data(), n, c, h, w, r0, c0, rows, cols, packed.data());
+  for (int p = 0; p < n * c; ++p)
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < cols; ++j)
+        ASSERT_EQ(packed[(p * rows + r) * cols + j], double((p * h + r0 + r) * w + c0 + j));
+  Vec dst(src.size(), -1);
+  unpack_rect<double>(packed.data(), n, c, h, w, r0, c0, rows, cols, dst.data());
+  for (size_t i = 0; i < dst.size(); ++i) {
+    const int col = int(i % w), row = int(i / w % h);
+    const bool in = row >= r0 && row < r0 + rows && col >= c0 && col < c0 + cols;
+    ASSERT_EQ(dst[i], in ? src[i] : -1.0) << i;
+  }
+  // unpack_add is the adjoint of pack: <pack(x), y> == <x, unpack_add(y)>.
+  std::mt19937_64 rng(10);
+  Vec x = random_vec(src.size(), rng), y = random_vec(packed.size(), rng), px(packed.size());
+  Vec uy(src.size(), 0.0);
+  pack_rect<double>(x.data(), n, c, h, w, r0, c0, rows, cols, px.data());
+  unpack_add_rect<double>(y.data(), n, c, h, w, r0, c0, rows, cols, uy.data());
+  EXPECT_NEAR(dotv(px, y), dotv(x, uy), 1e-12);
+  unpack_add_rect<double>(y.data(), n, c, h, w, r0, c0, rows, cols, uy.data());  // adds again
+  EXPECT_NEAR(dotv(px, y) * 2, dotv(x, uy), 1e-12);
+  EXPECT_THROW(pack_rect<double>(src.data(), n, c, h, w, 3, 0, 3, 1, packed.data()),
+               std::out_of_range);
+}
+
+// ---------------------------------------------------------------------------- dense
+
+TEST(DenseCpu, GradientCheck) {
+  std::mt19937_64 rng(11);
+  const int n = 3, in = 4, out = 5;
+  Vec x = random_vec(n * in, rng), W = random_vec(in * out, rng), b = random_vec(out, rng),
+      r = random_vec(n * out, rng), y(n * out);
+  dense_forward<double>(n, in, out, x.data(), W.data(), b.data(), y.data());
+  EXPECT_NEAR(y[1 * out + 2], x[4] * W[2] + x[5] * W[7] + x[6] * W[12] + x[7] * W[17] + b[2],
+              1e-12);  // y = x W + b with W [in][out]
+  auto loss = [&] {
+    dense_forward<double>(n, in, out, x.data(), W.data(), b.data(), y.data());
+    return dotv(y, r);
+  };
+  Vec dx(x.size(), 1e3), dW(W.size(), 1e3), db(out, 1e3);
+  dense_backward<double>(n, in, out, x.data(), W.data(), r.data(), dx.data(), dW.data(),
+                         db.data());
+  check_grad("dense dx", x, dx, loss);
+  check_grad("dense dW", W, dW, loss);
+  check_grad("dense db", b, db, loss);
+}
+
+// ---------------------------------------------------------------------------- losses
+
+TEST(LossCpu, SoftmaxXent) {
+  std::mt19937_64 rng(12);
+  const int n = 4, k = 3;
+  Vec z = random_vec(n * k, rng, -3, 3), g(z.size());
+  std::vector<int32_t> labels = {0, 2, 1, 2};
+  softmax_xent<double>(n, k, z.data(), labels.data(), 1.0, g.data());
+  check_grad("xent", z, g, [&] { return softmax_xent<double>(n, k, z.data(), labels.data(), 1, nullptr); });
+  Vec eq(6, 0.7);  // equal logits: log k per sample
+  EXPECT_NEAR(softmax_xent<double>(2, 3, eq.data(), labels.data(), 1, nullptr), 2 * std::log(3.0),
+              1e-12);
+  Vec big = {1000, 0, -1000}, gb(3);  // stable for huge logits
+  EXPECT_NEAR(softmax_xent<double>(1, 3, big.data(), labels.data() + 2, 0.5, gb.data()), 1000,
+              1e-9);
+  EXPECT_NEAR(gb[0], 0.5, 1e-12);
+  EXPECT_NEAR(gb[1], -0.5, 1e-12);
+  std::vector<int32_t> bad = {3};
+  EXPECT_THROW(softmax_xent<double>(1, 3, big.data(), bad.data(), 1, nullptr), std::out_of_range);
+}
+
+TEST(LossCpu, SigmoidBce) {
+  std::mt19937_64 rng(13);
+  Vec x = random_vec(20, rng, -4, 4), t(20), g(20);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 3 == 0;
+  sigmoid_bce<double>(x.size(), x.data(), t.data(), 1.0, g.data());
+  check_grad("bce", x, g, [&] { return sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr); });
+  // Against the textbook form where it is safe, and finite where it is not.
+  double want = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double p = 1 / (1 + std::exp(-x[i]));
+    want -= t[i] * std::log(p) + (1 - t[i]) * std::log(1 - p);
+  }
+  EXPECT_NEAR(sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr), want, 1e-10);
+  Vec xs = {800, -800, 800, -800}, ts = {1, 0, 0, 1}, gs(4);
+  EXPECT_NEAR(sigmoid_bce<double>(4, xs.data(), ts.data(), 0.25, gs.data()), 1600, 1e-9);
+  EXPECT_EQ(gs, (Vec{0, 0, 0.25, -0.25}));
+}
+
+TEST(LossCpu, Mse) {
+  std::mt19937_64 rng(14);
+  Vec p = random_vec(15, rng), t = random_vec(15, rng), g(15);
+  const double total = mse<double>(p.size(), p.data(), t.data(), 1.0, g.data());
+  double want = 0;
+  for (size_t i = 0; i < p.size(); ++i) want += (p[i] - t[i]) * (p[i] - t[i]);
+  EXPECT_NEAR(total, want, 1e-12);
+  check_grad("mse", p, g, [&] { return mse<double>(p.size(), p.data(), t.data(), 1, nullptr); });
+  Vec g2(15);
+  mse<double>(p.size(), p.data(), t.data(), 0.1, g2.data());
+  EXPECT_NEAR(g2[3], 0.2 * (p[3] - t[3]), 1e-15);
+}
+
+}  // namespace
+}  // namespace ht::cpu

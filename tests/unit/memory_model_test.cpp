@@ -1,0 +1,259 @@
+// MemoryModel and the plan report: the breakdown adds up and matches hand counts, sharding
+// splits activations, `grid: auto` picks the smallest grid that fits, and halo traffic is
+// split by node placement.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/memory_model.hpp"
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/plan_report.hpp"
+#include "orchestrator/shard_plan.hpp"
+
+namespace ht {
+namespace {
+
+LayerConfig layer(LayerType t) {
+  LayerConfig l;
+  l.type = t;
+  return l;
+}
+LayerConfig conv(int filters) {
+  LayerConfig l = layer(LayerType::Conv2D);
+  l.filters = filters;
+  l.kernel = 3;
+  l.padding = {PaddingMode::Same, 0};
+  return l;
+}
+LayerConfig max_pool() {
+  LayerConfig l = layer(LayerType::MaxPool2D);
+  l.pool = 2;
+  l.stride = 2;
+  return l;
+}
+
+// 64 x 48 x 1 -> conv 8, BN, relu, pool, conv 16, relu, global pool, dense 2.
+Config classifier() {
+  Config c;
+  c.name = "mem";
+  c.source_path = "mem.yaml";
+  c.model.height = 64;
+  c.model.width = 48;
+  c.model.channels = 1;
+  LayerConfig d = layer(LayerType::Dense);
+  d.units = 2;
+  c.model.layers = {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU), max_pool(), conv(16),
+                    layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  c.model.loss = LossType::SoftmaxCrossEntropy;
+  c.training.batch_size = 4;
+  c.parallel.device_memory = 1ull << 30;
+  c.parallel.devices_per_node = 2;
+  return c;
+}
+
+uint64_t sum_of(const MemoryEstimate& e) {
+  return e.params + e.grads + e.optimizer + e.input + e.activations + e.transient + e.workspace + e.halo;
+}
+
+TEST(MemoryModel, BreakdownAddsUpAndMatchesHandCounts) {
+  Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {1, 1});
+  const MemoryEstimate e = estimate_memory(c, p, 0);
+  EXPECT_EQ(e.total, sum_of(e));
+  EXPECT_EQ(e.local_batch, 4);
+  EXPECT_EQ(e.params, uint64_t(m.param_count()) * 4);
+  EXPECT_EQ(e.grads, uint64_t(m.param_count(true)) * 4);
+  EXPECT_LT(e.grads, e.params);  // BN moving statistics are not trainable
+  EXPECT_EQ(e.optimizer, 2 * e.grads);
+  EXPECT_EQ(e.input, 4ull * 64 * 48 * 4);
+  EXPECT_EQ(e.halo, 0u);
+  EXPECT_EQ(e.workspace, 0u);
+  // One shard: outputs of every layer, plus whole inputs of the windowed ones.
+  uint64_t act = 0, transient = 0;
+  for (const LayerSpec& l : m.layers) {
+    const uint64_t out = 4ull * l.out.elements() * 4, in = 4ull * l.in.elements() * 4;
+    act += out + (l.windowed() ? in : 0);
+    transient = std::max(transient, out + in);
+  }
+  EXPECT_EQ(e.activations, act);
+  EXPECT_EQ(e.transient, transient);
+
+  c.training.optimizer.type = OptimizerType::SGD;
+  EXPECT_EQ(estimate_memory(c, p, 0).optimizer, 0u);
+  c.training.optimizer.momentum = 0.9;
+  EXPECT_EQ(estimate_memory(c, p, 0).optimizer, e.grads);
+}
+
+TEST(MemoryModel, HaloStagingIsTheLargestExchange) {
+  const Config c = classifier();
+  const ShardPlan p = make_shard_plan(build_model_spec(c), {2, 1});
+  // The second conv (8 channels, 32 x 24 input) receives one row and sends one row:
+  // 2 x 24 cols x 8 channels x 4 images x 4 bytes. The 2x2/2 pool needs no halo.
+  const MemoryEstimate e = estimate_memory(c, p, 0);
+  EXPECT_EQ(e.halo, 2ull * 24 * 8 * 4 * 4);
+  EXPECT_EQ(e.total, sum_of(e));
+  EXPECT_EQ(e.input, 4ull * 32 * 48 * 4);
+}
+
+TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
+  const Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const MemoryEstimate one = estimate_memory_max(c, make_shard_plan(m, {1, 1}));
+  const MemoryEstimate two = estimate_memory_max(c, make_shard_plan(m, {2, 1}));
+  const double ratio = double(two.activations) / double(one.activations);
+  EXPECT_GE(ratio, 0.5);
+  EXPECT_LE(ratio, 0.56);
+  EXPECT_EQ(two.params, one.params);  // replicated
+  // Two sample groups halve the local batch instead.
+  const MemoryEstimate grouped = estimate_memory_max(c, make_shard_plan(m, {1, 1}, 2));
+  EXPECT_EQ(grouped.local_batch, 2);
+  EXPECT_EQ(grouped.activations * 2, one.activations);
+}
+
+TEST(MemoryModel, PerPixelLossesAddTheMaskTile) {
+  Config c = classifier();
+  c.model.layers = {conv(4), layer(LayerType::ReLU), conv(1)};
+  c.model.loss = LossType::SigmoidBCE;
+  const ShardPlan p = make_shard_plan(build_model_spec(c), {2, 2});
+  const MemoryEstimate e = estimate_memory(c, p, 3);
+  EXPECT_EQ(e.input, 2ull * 4 * 32 * 24 * 4);  // image and mask tiles, 4 images
+}
+
+TEST(MemoryModel, AutoGridPicksTheSmallestThatFits) {
+  Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  c.parallel.device_memory = 1ull << 40;
+  const GridShape g1 = choose_grid(c, m);
+  EXPECT_EQ(g1.rows * g1.cols, 1);
+
+  // For a range of budgets, the chosen grid fits and no grid with fewer shards does.
+  const uint64_t whole = estimate_memory_max(c, make_shard_plan(m, {1, 1})).total;
+  int distinct = 0, last = 0;
+  for (uint64_t budget = whole; budget > whole / 16; budget = budget * 7 / 8) {
+    c.parallel.device_memory = budget;
+    const auto g = smallest_fitting_grid(c, m);
+    if (!g) break;
+    const int shards = g->rows * g->cols;
+    EXPECT_TRUE(plan_fits(c, make_shard_plan(m, *g)));
+    for (int r = 1; r <= 16; ++r)
+      for (int cc = 1; r * cc < shards; ++cc) {
+        try {
+          EXPECT_FALSE(plan_fits(c, make_shard_plan(m, {r, cc}))) << r << "x" << cc << " fits too";
+        } catch (const ConfigError&) {
+        }
+      }
+    const GridShape chosen = choose_grid(c, m);
+    EXPECT_EQ(chosen.rows, g->rows);
+    EXPECT_EQ(chosen.cols, g->cols);
+    distinct += shards != last;
+    last = shards;
+  }
+  EXPECT_GE(distinct, 3);
+
+  // Between the 1- and 2-shard needs: two shards, split along the longer side (fewer halo bytes).
+  const uint64_t two = estimate_memory_max(c, make_shard_plan(m, {2, 1})).total;
+  ASSERT_LT(two, whole);
+  c.parallel.device_memory = (two + whole) / 2;
+  const GridShape g2 = choose_grid(c, m);
+  EXPECT_EQ(g2.rows, 2);
+  EXPECT_EQ(g2.cols, 1);
+
+  // Too small for the weights alone: nothing fits, with a clear message.
+  c.parallel.device_memory = 1024;
+  EXPECT_FALSE(smallest_fitting_grid(c, m).has_value());
+  EXPECT_THROW(choose_grid(c, m), ConfigError);
+}
+
+TEST(MemoryModel, FitVerdictNamesNeedBudgetAndSmallestGrid) {
+  Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan one = make_shard_plan(m, {1, 1});
+  const uint64_t whole = estimate_memory_max(c, one).total;
+  const uint64_t two = estimate_memory_max(c, make_shard_plan(m, {2, 1})).total;
+  c.parallel.device_memory = whole;
+  EXPECT_EQ(fit_verdict(c, m, one), "");
+  EXPECT_TRUE(plan_fits(c, one));
+
+  c.parallel.device_memory = (two + whole) / 2;
+  const std::string v = fit_verdict(c, m, one);
+  EXPECT_NE(v.find("does not fit"), std::string::npos) << v;
+  EXPECT_NE(v.find(format_size(whole)), std::string::npos) << v;
+  EXPECT_NE(v.find(format_size(c.parallel.device_memory)), std::string::npos) << v;
+  EXPECT_NE(v.find("smallest grid that fits: [2, 1]"), std::string::npos) << v;
+
+  c.parallel.device_memory = 1024;
+  EXPECT_NE(fit_verdict(c, m, one).find("no grid fits"), std::string::npos);
+}
+
+TEST(MemoryModel, HaloTrafficSplitsByNode) {
+  Config c = classifier();
+  const ShardPlan p = make_shard_plan(build_model_spec(c), {4, 1});
+  c.parallel.devices_per_node = 2;  // ranks {0,1} on node 0, {2,3} on node 1
+  EXPECT_EQ(node_of(c, 3), 1);
+  EXPECT_EQ(local_device_of(c, 3), 1);
+  const HaloTraffic t0 = halo_traffic(c, p, 0), t1 = halo_traffic(c, p, 1), t3 = halo_traffic(c, p, 3);
+  EXPECT_GT(t0.intra_node, 0u);
+  EXPECT_EQ(t0.inter_node, 0u);
+  EXPECT_GT(t1.inter_node, 0u);
+  EXPECT_EQ(t1.intra_node, t1.inter_node);  // even shards: one row each way to each side
+  EXPECT_EQ(t3.inter_node, 0u);
+
+  // Forward halos out plus backward gradients of the received halos, per layer.
+  uint64_t manual = 0;
+  for (int l = 0; l < int(p.layers.size()); ++l)
+    for (HaloPhase ph : {HaloPhase::Rows, HaloPhase::Cols}) {
+      for (const auto& r : p.sends(l, 1, ph)) manual += uint64_t(r.rect.area()) * p.model.layers[l].in.c * 4 * 4;
+      for (const auto& r : p.receives(l, 1, ph)) manual += uint64_t(r.rect.area()) * p.model.layers[l].in.c * 4 * 4;
+    }
+  EXPECT_EQ(t1.total(), manual);
+
+  const HaloTraffic two = halo_traffic_total(c, p);
+  c.parallel.devices_per_node = 4;
+  const HaloTraffic four = halo_traffic_total(c, p);
+  c.parallel.devices_per_node = 1;
+  const HaloTraffic single = halo_traffic_total(c, p);
+  EXPECT_EQ(four.inter_node, 0u);
+  EXPECT_EQ(single.intra_node, 0u);
+  EXPECT_EQ(two.total(), four.total());
+  EXPECT_EQ(two.total(), single.total());
+  EXPECT_GT(two.inter_node, 0u);
+  EXPECT_GT(two.intra_node, 0u);
+}
+
+TEST(PlanReport, TextAndJsonCarryTheSameContent) {
+  Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1}, 4);  // two sample groups
+  const std::string text = render_plan_text(c, p);
+  EXPECT_NE(text.find("grid [2, 1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("conv2d_2"), std::string::npos) << text;
+  EXPECT_NE(text.find("FITS"), std::string::npos) << text;
+  EXPECT_NE(text.find("[32, 64)"), std::string::npos) << text;  // rank 1's image rows
+  EXPECT_NE(text.find("intra-node"), std::string::npos) << text;
+
+  const std::string json = render_plan_json(c, p);
+  size_t ranks = 0;
+  for (size_t at = json.find("\"peak_device_bytes\""); at != std::string::npos;
+       at = json.find("\"peak_device_bytes\"", at + 1))
+    ++ranks;
+  EXPECT_EQ(ranks, 4u);
+  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
+  EXPECT_EQ(std::count(json.begin(), json.end(), '['), std::count(json.begin(), json.end(), ']'));
+  EXPECT_NE(json.find("\"fits\": true"), std::string::npos);
+  EXPECT_NE(json.find("\"rows_above\": 1"), std::string::npos);
+
+  const HaloWidths h = halo_widths(p, 4);  // conv2d_2, 3x3 same
+  EXPECT_EQ(h.rows_above, 1);
+  EXPECT_EQ(h.rows_below, 1);
+  EXPECT_EQ(h.cols_left, 0);
+
+  c.parallel.device_memory = 4096;
+  EXPECT_NE(render_plan_text(c, p).find("DOES NOT FIT"), std::string::npos);
+  EXPECT_NE(render_plan_json(c, p).find("\"fits\": false"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ht

@@ -1,0 +1,112 @@
+// The compute seam between layers and kernels. A Backend owns one device's allocator and
+// runs every kernel a layer needs on memory from that allocator. It is chosen once, by
+// make_backend(); layers never ask which one they have. Every value of ht::Backend exists
+// in every build: asking for CUDA in a build without it fails at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/geometry.hpp"
+#include "orchestrator/config.hpp"
+#include "worker/tensor.hpp"
+
+namespace ht {
+
+// A convolution with fixed geometry; implementations cache primitives / algorithms.
+class ConvKernel {
+ public:
+  virtual ~ConvKernel() = default;
+  virtual void forward(const float* x, const float* w, const float* bias, float* y) = 0;
+  virtual void backward_data(const float* dy, const float* w, float* dx) = 0;             // dx =
+  virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;  // dw, db =
+};
+
+// All pointers are device memory of this backend unless named host_*. Per-channel and
+// per-image reductions come back to the host in double: they are reduced across shards
+// by the caller, and double keeps the sharded sum equal to the unsharded one.
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  virtual Backend kind() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual std::string device_name() const = 0;
+
+  // Memory movement.
+  virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void fill_zero(float* dst, size_t count) = 0;
+  virtual void copy(float* dst, const float* src, size_t count) = 0;
+  virtual void add(float* dst, const float* src, size_t count) = 0;  // dst += src
+  virtual void scale(float* dst, float factor, size_t count) = 0;
+  // Rectangles of all n*c planes of an NCHW tensor [n, c, h, w] <-> a packed buffer
+  // [n, c, rows, cols]: halo packing.
+  virtual void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
+                         int cols, float* dst) = 0;
+  virtual void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
+                           int cols, float* dst, bool accumulate) = 0;
+
+  virtual std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) = 0;
+  virtual void max_pool_forward(const PoolGeom& g, const float* x, float* y) = 0;
+  virtual void max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx) = 0;
+  virtual void avg_pool_forward(const PoolGeom& g, const float* x, float* y) = 0;
+  virtual void avg_pool_backward(const PoolGeom& g, const float* dy, float* dx) = 0;
+
+  // Batch norm in pieces: statistics are summed over shards between the calls.
+  virtual void channel_sum(int n, int c, int64_t hw, const float* x, double* host_sum) = 0;
+  virtual void channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                                  double* host_out) = 0;
+  virtual void bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                                const double* host_invstd, const float* gamma, const float* beta,
+                                float* y) = 0;
+  virtual void bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x,
+                                const double* host_mean, const double* host_invstd,
+                                double* host_sum_dy, double* host_sum_dy_xhat) = 0;
+  virtual void bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x,
+                                 const double* host_mean, const double* host_invstd,
+                                 const float* gamma, const double* host_sum_dy,
+                                 const double* host_sum_dy_xhat, double count, float* dx) = 0;
+
+  virtual void relu_forward(size_t count, const float* x, float* y) = 0;
+  virtual void relu_backward(size_t count, const float* y, const float* dy, float* dx) = 0;
+  virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
+  virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
+                                   float* dx) = 0;
+  virtual void dense_forward(int n, int in, int out, const float* x, const float* w,
+                             const float* b, float* y) = 0;
+  virtual void dense_backward(int n, int in, int out, const float* x, const float* w,
+                              const float* dy, float* dx, float* dw, float* db) = 0;
+
+  // Losses return the sum of per-element losses and write grad = d(sum)/dx * grad_scale.
+  virtual double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels,
+                              double grad_scale, float* grad) = 0;
+  virtual double sigmoid_bce(size_t count, const float* logits, const float* targets,
+                             double grad_scale, float* grad) = 0;
+  virtual double mse(size_t count, const float* pred, const float* targets, double grad_scale,
+                     float* grad) = 0;
+
+  virtual void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) = 0;
+  virtual void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr,
+                         float beta1, float beta2, float eps, int64_t step) = 0;
+
+  virtual void synchronize() {}
+};
+
+struct BackendOptions {
+  Backend kind = Backend::CPU;
+  int device_index = 0;            // CUDA: which local GPU
+  uint64_t memory_budget = 0;      // parallel.device_memory; 0: unlimited
+  int threads = 0;                 // CPU: OpenMP threads for this worker (0: all)
+  std::string name;                // for messages, e.g. "rank 1 cpu"
+};
+
+// Creates the backend; throws std::runtime_error "built without CUDA" or "no CUDA device
+// (driver: ...); use backend: cpu" when the CUDA backend cannot run here.
+std::unique_ptr<ComputeBackend> make_backend(const BackendOptions& options);
+
+// Defined in kernels/cuda when built with CUDA; the worker's stub throws otherwise.
+std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions& options);
+
+}  // namespace ht

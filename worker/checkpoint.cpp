@@ -1,0 +1,160 @@
+#include "worker/checkpoint.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "worker/keras_h5.hpp"
+#include "worker/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ht {
+
+std::string model_hash(const ModelSpec& model) {
+  std::string text = fmt::format("input {} {} {}; loss {};", model.input.h, model.input.w, model.input.c,
+                                  to_string(model.loss));
+  for (const LayerSpec& l : model.layers) {
+    const LayerConfig& c = l.config;
+    text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{};", to_string(c.type), c.name, c.filters,
+                        c.kernel, c.stride, c.dilation, to_string(c.padding.mode), c.padding.value, c.bias,
+                        c.pool, c.units);
+  }
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
+  return fmt::format("{:016x}", h);
+}
+
+namespace {
+
+std::string short_name(const std::string& stored) { return stored.substr(stored.rfind('/') + 1); }
+
+std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("({})", fmt::join(s, ", ")); }
+
+// Keeps the newest `keep` ckpt-<step>.h5 files of `dir`.
+void prune(const fs::path& dir, int keep) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
+    try {
+      found.emplace_back(std::stoll(name.substr(5)), e.path());
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(found.begin(), found.end());
+  for (size_t i = 0; i + size_t(std::max(keep, 1)) < found.size(); ++i) fs::remove(found[i].second);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
+                            OptimizerState& optimizer, ComputeBackend& backend, const TrainingProgress& progress) {
+  const fs::path dir = fs::path(config.run_dir) / "checkpoints";
+  fs::create_directories(dir);
+  const std::string path = (dir / fmt::format("ckpt-{}.h5", progress.step)).string();
+
+  // Host copies in Keras layout; they live until the file is written.
+  std::vector<std::vector<float>> host;
+  host.reserve(params.refs().size() + 2);
+  std::vector<KerasLayerWeights> layers(model.layers.size());
+  for (size_t l = 0; l < model.layers.size(); ++l) layers[l].layer = model.layers[l].config.name;
+  for (const ParamRef& r : params.refs()) {
+    host.push_back(params.to_keras(r));
+    KerasLayerWeights& kl = layers[r.layer];
+    kl.weight_names.push_back(r.weight);
+    kl.shapes.push_back(r.keras_shape);
+    kl.data.push_back(host.back().data());
+  }
+  HalotrainState state;
+  state.step = progress.step;
+  state.epoch = progress.epoch;
+  state.cursor = progress.cursor;
+  state.config_text = config.text;
+  state.model_hash = model_hash(model);
+  const int64_t n = int64_t(params.trainable_count());
+  const bool adam = config.training.optimizer.type == OptimizerType::Adam;
+  auto add_slot = [&](const std::string& name, Tensor& t) {
+    if (t.empty()) return;
+    host.emplace_back(t.size());
+    backend.to_host(host.back().data(), t.data(), t.bytes());
+    state.slots.push_back({name, {n}, host.back().data()});
+  };
+  add_slot(adam ? "adam_m" : "sgd_velocity", optimizer.m);
+  add_slot("adam_v", optimizer.v);
+  write_checkpoint(path, layers, state);
+  prune(dir, config.checkpoint.keep);
+  return path;
+}
+
+void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params) {
+  const std::string& path = config.training.init_weights;
+  const std::string where = fmt::format("training.init_weights {}", path);
+  if (!fs::exists(path)) throw ConfigError(fmt::format("{}: no such file", where));
+  KerasWeightsFile file(path);
+
+  // Our layers with weights, in model order, and their weights in Keras order.
+  std::vector<int> ours;
+  std::map<int, std::vector<const ParamRef*>> refs;
+  for (const ParamRef& r : params.refs()) {
+    if (refs[r.layer].empty()) ours.push_back(r.layer);
+    refs[r.layer].push_back(&r);
+  }
+  std::vector<std::string> theirs;
+  for (const auto& name : file.layer_names())
+    if (!file.weight_names(name).empty()) theirs.push_back(name);
+
+  std::vector<std::pair<int, std::string>> pairs;  // (our layer, their layer)
+  if (config.training.init_by_name) {
+    std::vector<std::string> skipped;
+    for (int l : ours) {
+      const std::string& name = model.layers[l].config.name;
+      if (std::find(theirs.begin(), theirs.end(), name) != theirs.end())
+        pairs.emplace_back(l, name);
+      else
+        skipped.push_back(name);
+    }
+    if (!skipped.empty())
+      log().warn("{}: no weights for {} (kept their initial values)", where, fmt::join(skipped, ", "));
+  } else {
+    if (theirs.size() != ours.size())
+      throw ConfigError(fmt::format(
+          "{}: the file has {} layers with weights, the model has {}; use init_by_name: true to load "
+          "matching names only",
+          where, theirs.size(), ours.size()));
+    for (size_t i = 0; i < ours.size(); ++i) pairs.emplace_back(ours[i], theirs[i]);
+  }
+
+  // Check every shape before loading anything, then stream one tensor at a time.
+  for (const auto& [l, their] : pairs) {
+    const auto& stored = file.weight_names(their);
+    const auto& mine = refs[l];
+    const std::string& name = model.layers[l].config.name;
+    if (stored.size() != mine.size())
+      throw ConfigError(fmt::format("{}: layer {} (file's {}) has {} weights in the file, the model expects {}",
+                                    where, name, their, stored.size(), mine.size()));
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const auto shape = file.shape(their, stored[i]);
+      if (shape != mine[i]->keras_shape)
+        throw ConfigError(fmt::format("{}: layer {} weight {}: the model expects {}, the file's {}/{} is {}",
+                                      where, name, mine[i]->weight, shape_text(mine[i]->keras_shape), their,
+                                      short_name(stored[i]), shape_text(shape)));
+    }
+    if (their != name) log().info("{}: loading file layer {} into {}", where, their, name);
+  }
+  size_t largest = 0;
+  for (const ParamRef& r : params.refs()) largest = std::max(largest, r.count);
+  std::vector<float> buffer(largest);
+  for (const auto& [l, their] : pairs) {
+    const auto& stored = file.weight_names(their);
+    for (size_t i = 0; i < stored.size(); ++i) {
+      file.read(their, stored[i], buffer.data());
+      params.from_keras(*refs[l][i], buffer.data());
+    }
+  }
+  log().info("{}: loaded {} layers", where, pairs.size());
+}
+
+}  // namespace ht

@@ -1,0 +1,38 @@
+// Checkpoints in the Keras 2 weights format (SPEC section 4) plus halotrain's own state
+// under /halotrain, and loading Keras weights for `training.init_weights`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "orchestrator/model_spec.hpp"
+#include "worker/params.hpp"
+
+namespace ht {
+
+// What the optimizer keeps besides the weights: Adam's m and v, or SGD's velocity.
+struct OptimizerState {
+  Tensor m, v;  // m doubles as SGD's velocity
+};
+
+struct TrainingProgress {
+  int64_t step = 0;    // optimizer steps done
+  int64_t epoch = 0;   // epoch of the next sample
+  int64_t cursor = 0;  // stream position of the next sample (step * batch_size)
+};
+
+// Writes run_dir/checkpoints/ckpt-<step>.h5 atomically and keeps the newest `keep`.
+// Returns the path written.
+std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
+                            OptimizerState& optimizer, ComputeBackend& backend,
+                            const TrainingProgress& progress);
+
+// Loads `training.init_weights` into `params` (strict: the layers with weights are matched
+// in order, count and every shape must agree; by name: matching names only). Reads one
+// tensor at a time. Throws ConfigError naming the file, layer, weight, expected and found.
+void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params);
+
+// A short hex digest of the model part of the config (input, layers, loss).
+std::string model_hash(const ModelSpec& model);
+
+}  // namespace ht

@@ -1,0 +1,53 @@
+// Comm: how workers talk. Implementations only move bytes; what to move is decided by
+// the ShardPlan (halo regions) and the trainer (reductions). Every sum is computed in
+// rank order, so results never depend on timing and are identical on every rank.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ht {
+
+// Another rank failed or the job is being torn down: stop waiting, unwind, exit.
+class CommAborted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One point-to-point message of a halo exchange, in backend memory.
+struct SendMsg {
+  int peer;
+  const float* data;
+  size_t count;
+};
+struct RecvMsg {
+  int peer;
+  float* data;
+  size_t count;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Sum over all ranks of this comm, in rank order; host memory.
+  virtual void allreduce_sum_host(double* data, size_t count) = 0;
+  // Same for backend memory (gradients).
+  virtual void allreduce_sum(float* data, size_t count) = 0;
+  // Posts every send and receive, returns when all receives have arrived. Messages between
+  // one pair of ranks are matched in the order they are listed.
+  virtual void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) = 0;
+  virtual void broadcast_host(void* data, size_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new comm, ordered by their rank here.
+  virtual std::unique_ptr<Comm> split(int color) = 0;
+  // Tells every other rank to stop waiting (a local failure); never returns to a wait.
+  virtual void abort(const std::string& why) = 0;
+};
+
+}  // namespace ht

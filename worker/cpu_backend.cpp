@@ -1,0 +1,159 @@
+// The CPU backend: the numerical reference. Float kernels from kernels/cpu, oneDNN for
+// convolution; memory from the counting host allocator.
+#include <omp.h>
+
+#include <cstring>
+
+#include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/loss.hpp"
+#include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/optim.hpp"
+#include "kernels/cpu/pool.hpp"
+#include "worker/backend.hpp"
+
+namespace ht {
+namespace {
+
+class CpuConv : public ConvKernel {
+ public:
+  explicit CpuConv(const ConvGeom& g) : conv_(g) {}
+  void forward(const float* x, const float* w, const float* b, float* y) override {
+    conv_.forward(x, w, b, y);
+  }
+  void backward_data(const float* dy, const float* w, float* dx) override {
+    conv_.backward_data(dy, w, dx);
+  }
+  void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    conv_.backward_weights(x, dy, dw, db);
+  }
+
+ private:
+  cpu::DnnlConv2d conv_;
+};
+
+class CpuBackend : public ComputeBackend {
+ public:
+  explicit CpuBackend(const BackendOptions& o) : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget) {
+    if (o.threads > 0) omp_set_num_threads(o.threads);
+  }
+  Backend kind() const override { return Backend::CPU; }
+  Allocator& allocator() override { return alloc_; }
+  std::string device_name() const override { return alloc_.device(); }
+
+  void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void fill_zero(float* dst, size_t count) override { std::memset(dst, 0, count * sizeof(float)); }
+  void copy(float* dst, const float* src, size_t count) override {
+    std::memcpy(dst, src, count * sizeof(float));
+  }
+  void add(float* dst, const float* src, size_t count) override {
+    for (size_t i = 0; i < count; ++i) dst[i] += src[i];
+  }
+  void scale(float* dst, float factor, size_t count) override {
+    for (size_t i = 0; i < count; ++i) dst[i] *= factor;
+  }
+  void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
+                 float* dst) override {
+    cpu::pack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
+  }
+  void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
+                   float* dst, bool accumulate) override {
+    if (accumulate)
+      cpu::unpack_add_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
+    else
+      cpu::unpack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
+  }
+
+  std::unique_ptr<ConvKernel> make_conv(const ConvGeom& g) override { return std::make_unique<CpuConv>(g); }
+  void max_pool_forward(const PoolGeom& g, const float* x, float* y) override {
+    cpu::max_pool_forward(g, x, y);
+  }
+  void max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx) override {
+    cpu::max_pool_backward(g, x, dy, dx);
+  }
+  void avg_pool_forward(const PoolGeom& g, const float* x, float* y) override {
+    cpu::avg_pool_forward(g, x, y);
+  }
+  void avg_pool_backward(const PoolGeom& g, const float* dy, float* dx) override {
+    cpu::avg_pool_backward(g, dy, dx);
+  }
+
+  void channel_sum(int n, int c, int64_t hw, const float* x, double* sum) override {
+    std::fill(sum, sum + c, 0.0);
+    cpu::channel_sum(n, c, hw, x, sum);
+  }
+  void channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean,
+                          double* out) override {
+    std::fill(out, out + c, 0.0);
+    cpu::channel_sq_dev_sum(n, c, hw, x, mean, out);
+  }
+  void bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* mean,
+                        const double* invstd, const float* gamma, const float* beta, float* y) override {
+    cpu::bn_forward_apply(n, c, hw, x, mean, invstd, gamma, beta, y);
+  }
+  void bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                        const double* invstd, double* sum_dy, double* sum_dy_xhat) override {
+    std::fill(sum_dy, sum_dy + c, 0.0);
+    std::fill(sum_dy_xhat, sum_dy_xhat + c, 0.0);
+    cpu::bn_backward_sums(n, c, hw, dy, x, mean, invstd, sum_dy, sum_dy_xhat);
+  }
+  void bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                         const double* invstd, const float* gamma, const double* sum_dy,
+                         const double* sum_dy_xhat, double count, float* dx) override {
+    cpu::bn_backward_apply(n, c, hw, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+  }
+
+  void relu_forward(size_t count, const float* x, float* y) override { cpu::relu_forward(count, x, y); }
+  void relu_backward(size_t count, const float* y, const float* dy, float* dx) override {
+    cpu::relu_backward(count, y, dy, dx);
+  }
+  void global_avg_sum(int n, int c, int64_t hw, const float* x, double* sums) override {
+    std::fill(sums, sums + size_t(n) * c, 0.0);
+    cpu::global_avg_sum(n, c, hw, x, sums);
+  }
+  void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override {
+    cpu::global_avg_backward(n, c, hw, dy, scale, dx);
+  }
+  void dense_forward(int n, int in, int out, const float* x, const float* w, const float* b,
+                     float* y) override {
+    cpu::dense_forward(n, in, out, x, w, b, y);
+  }
+  void dense_backward(int n, int in, int out, const float* x, const float* w, const float* dy,
+                      float* dx, float* dw, float* db) override {
+    cpu::dense_backward(n, in, out, x, w, dy, dx, dw, db);
+  }
+
+  double softmax_xent(int n, int k, const float* logits, const int32_t* labels, double scale,
+                      float* grad) override {
+    return cpu::softmax_xent(n, k, logits, labels, scale, grad);
+  }
+  double sigmoid_bce(size_t count, const float* logits, const float* targets, double scale,
+                     float* grad) override {
+    return cpu::sigmoid_bce(count, logits, targets, scale, grad);
+  }
+  double mse(size_t count, const float* pred, const float* targets, double scale, float* grad) override {
+    return cpu::mse(count, pred, targets, scale, grad);
+  }
+
+  void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) override {
+    cpu::sgd_step(n, w, g, v, lr, momentum);
+  }
+  void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr, float beta1,
+                 float beta2, float eps, int64_t step) override {
+    cpu::adam_step(n, w, g, m, v, lr, beta1, beta2, eps, step);
+  }
+
+ private:
+  Allocator alloc_;
+};
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_backend(const BackendOptions& options) {
+  if (options.kind == Backend::CUDA) return make_cuda_backend(options);
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace ht

@@ -1,0 +1,240 @@
+#include "worker/data_reader.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <vector>
+
+#include "worker/h5.hpp"
+
+namespace ht {
+
+const char* to_string(PixelType t) {
+  switch (t) {
+    case PixelType::Float32: return "float32";
+    case PixelType::UInt8: return "uint8";
+    case PixelType::UInt16: return "uint16";
+  }
+  return "?";
+}
+
+const char* to_string(TargetKind k) { return k == TargetKind::Labels ? "labels" : "masks"; }
+
+DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spec) {
+  DataReaderOptions o;
+  o.images = config.data.images;
+  o.targets = config.data.targets;
+  o.height = config.model.height;
+  o.width = config.model.width;
+  o.channels = config.model.channels;
+  if (config.model.loss == LossType::SoftmaxCrossEntropy) {
+    o.expect = TargetKind::Labels;
+    o.classes = spec.output().c;
+  } else if (config.model.loss == LossType::SigmoidBCE) {
+    o.expect = TargetKind::Masks;
+  }
+  return o;
+}
+
+struct DataReader::Impl {
+  std::string path;
+  DataReaderOptions opt;
+  h5::Hid file, images, masks;
+  int64_t count = 0;
+  PixelType pixel = PixelType::Float32;
+  TargetKind kind = TargetKind::Labels;
+  std::vector<int64_t> labels;
+  std::vector<float> buffer;  // HWC staging for multi-channel tiles
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ConfigError(fmt::format("{}: {}", path, what));
+  }
+
+  void check_file() const {
+    if (path.empty()) throw ConfigError(fmt::format("{} is empty: no data file given", opt.key));
+    std::string why = h5::why_not_readable(path);
+    if (why == "does not exist") {
+      std::error_code ec;
+      fail(fmt::format("data file does not exist ({}; working directory {})", opt.key,
+                       std::filesystem::current_path(ec).string()));
+    }
+    if (why == "is not an HDF5 file")
+      fail(fmt::format("is not an HDF5 file ({}); make one with `halotrain make-data`", opt.key));
+    if (!why.empty()) fail(fmt::format("{} ({})", why, opt.key));
+  }
+
+  std::string listing() const {
+    auto names = h5::child_names(file);
+    return names.empty() ? "nothing" : fmt::format("{}", fmt::join(names, ", "));
+  }
+
+  h5::Hid dataset(const std::string& name, const char* key) const {
+    if (name.empty() || !h5::is_dataset(file, name))
+      fail(fmt::format("no dataset '{}' ({}); the file holds: {}", name, key, listing()));
+    return h5::open_dataset(file, name);
+  }
+
+  std::string input_shape() const {
+    return fmt::format("[{}, {}, {}]", opt.height, opt.width, opt.channels);
+  }
+
+  void open_images() {
+    images = dataset(opt.images, "data.images");
+    h5::Shape s = h5::dataset_shape(images);
+    if (s.size() != 4)
+      fail(fmt::format("dataset '{}' is {} (rank {}), expected [N, H, W, C] with model.input {}",
+                       opt.images, h5::shape_string(s), s.size(), input_shape()));
+    if (s[1] != opt.height || s[2] != opt.width || s[3] != opt.channels)
+      fail(fmt::format("dataset '{}' is {} but model.input is {}", opt.images, h5::shape_string(s),
+                       input_shape()));
+    if (s[0] < 1) fail(fmt::format("dataset '{}' is {}: it holds no images", opt.images, h5::shape_string(s)));
+    count = s[0];
+    h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(images)));
+    std::string name = h5::type_name(type);
+    if (name == "float32") pixel = PixelType::Float32;
+    else if (name == "uint8") pixel = PixelType::UInt8;
+    else if (name == "uint16") pixel = PixelType::UInt16;
+    else fail(fmt::format("dataset '{}' has dtype {}, expected float32, uint8 or uint16", opt.images, name));
+  }
+
+  void open_targets() {
+    h5::Hid ds = dataset(opt.targets, "data.targets");
+    h5::Shape s = h5::dataset_shape(ds);
+    h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(ds)));
+    h5::TypeClass tc = h5::type_class(type);
+    std::string labels_shape = fmt::format("[{}]", count);
+    std::string masks_shape = fmt::format("[{}, {}, {}, 1]", count, opt.height, opt.width);
+    kind = s.size() == 4 ? TargetKind::Masks : TargetKind::Labels;
+    if (s.size() != 1 && s.size() != 4)
+      fail(fmt::format("dataset '{}' is {}, expected labels {} or masks {}", opt.targets,
+                       h5::shape_string(s), labels_shape, masks_shape));
+    if (opt.expect && *opt.expect != kind)
+      fail(fmt::format("dataset '{}' is {} ({}) but model.loss needs {} {}", opt.targets,
+                       h5::shape_string(s), to_string(kind), to_string(*opt.expect),
+                       *opt.expect == TargetKind::Labels ? labels_shape : masks_shape));
+    if (kind == TargetKind::Labels) {
+      if (s[0] != count)
+        fail(fmt::format("dataset '{}' is {} but '{}' holds {} images, expected {}", opt.targets,
+                         h5::shape_string(s), opt.images, count, labels_shape));
+      if (tc != h5::TypeClass::SignedInt && tc != h5::TypeClass::UnsignedInt)
+        fail(fmt::format("dataset '{}' has dtype {}, expected integer class ids", opt.targets,
+                         h5::type_name(type)));
+      labels.resize(size_t(count));
+      h5::read_dataset(ds, labels.data(), count);  // small: one integer per image
+    } else {
+      if (s[0] != count || s[1] != opt.height || s[2] != opt.width || s[3] != 1)
+        fail(fmt::format("dataset '{}' is {}, expected masks {}", opt.targets, h5::shape_string(s),
+                         masks_shape));
+      if (tc == h5::TypeClass::String || tc == h5::TypeClass::Other)
+        fail(fmt::format("dataset '{}' has dtype {}, expected numbers in {{0, 1}}", opt.targets,
+                         h5::type_name(type)));
+      masks = std::move(ds);
+    }
+  }
+
+  void check_tile(int64_t index, const Rect& r) const {
+    if (index < 0 || index >= count)
+      throw std::out_of_range(fmt::format("{}: image index {} outside [0, {})", path, index, count));
+    if (r.empty() || r.rows.lo < 0 || r.cols.lo < 0 || r.rows.hi > opt.height || r.cols.hi > opt.width)
+      throw std::out_of_range(fmt::format("{}: tile rows [{}, {}) cols [{}, {}) outside the {}x{} image",
+                                          path, r.rows.lo, r.rows.hi, r.cols.lo, r.cols.hi,
+                                          opt.height, opt.width));
+  }
+};
+
+DataReader::DataReader(const std::string& path, const DataReaderOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  h5::quiet();
+  Impl& m = *impl_;
+  m.path = path;
+  m.opt = options;
+  m.check_file();
+  try {
+    m.file = h5::open_file(path);
+    m.open_images();
+    m.open_targets();
+  } catch (const h5::H5Error& e) {
+    throw ConfigError(fmt::format("{}: cannot read the data file ({}): {}", path, options.key, e.what()));
+  }
+}
+
+DataReader::~DataReader() = default;
+DataReader::DataReader(DataReader&&) noexcept = default;
+DataReader& DataReader::operator=(DataReader&&) noexcept = default;
+
+const std::string& DataReader::path() const { return impl_->path; }
+int64_t DataReader::count() const { return impl_->count; }
+bool DataReader::has_masks() const { return impl_->kind == TargetKind::Masks; }
+TargetKind DataReader::target_kind() const { return impl_->kind; }
+PixelType DataReader::pixel_type() const { return impl_->pixel; }
+int DataReader::height() const { return impl_->opt.height; }
+int DataReader::width() const { return impl_->opt.width; }
+int DataReader::channels() const { return impl_->opt.channels; }
+
+void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out) {
+  h5::quiet();
+  Impl& m = *impl_;
+  m.check_tile(index, rect);
+  const int rows = rect.rows.size(), cols = rect.cols.size(), C = m.opt.channels;
+  const size_t n = size_t(rows) * cols * C;
+  h5::Shape start{index, rect.rows.lo, rect.cols.lo, 0}, count{1, rows, cols, C};
+  // HDF5 converts uint8/uint16 to float during the read; with one channel HWC is CHW.
+  float* dst = out;
+  if (C > 1) {
+    m.buffer.resize(n);
+    dst = m.buffer.data();
+  }
+  try {
+    h5::read_hyperslab(m.images, start, count, H5T_NATIVE_FLOAT, dst);
+  } catch (const h5::H5Error& e) {
+    throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.what()));
+  }
+  if (C == 1) {
+    if (scale != 1.f)
+      for (size_t i = 0; i < n; ++i) out[i] *= scale;
+    return;
+  }
+  const size_t plane = size_t(rows) * cols;
+  for (size_t p = 0; p < plane; ++p)
+    for (int c = 0; c < C; ++c) out[size_t(c) * plane + p] = dst[p * C + size_t(c)] * scale;
+}
+
+int32_t DataReader::read_label(int64_t index) const {
+  const Impl& m = *impl_;
+  if (m.kind != TargetKind::Labels)
+    throw std::logic_error(fmt::format("{}: '{}' holds masks, not labels", m.path, m.opt.targets));
+  if (index < 0 || index >= m.count)
+    throw std::out_of_range(fmt::format("{}: label index {} outside [0, {})", m.path, index, m.count));
+  int64_t v = m.labels[size_t(index)];
+  if (m.opt.classes > 0 && (v < 0 || v >= m.opt.classes))
+    m.fail(fmt::format("dataset '{}'[{}] = {} is not a class id in [0, {}) (the model's output has {} classes)",
+                       m.opt.targets, index, v, m.opt.classes, m.opt.classes));
+  if (v < 0 || v > INT32_MAX)
+    m.fail(fmt::format("dataset '{}'[{}] = {} is not a class id (expected 0, 1, ...)", m.opt.targets, index, v));
+  return int32_t(v);
+}
+
+void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out) {
+  h5::quiet();
+  Impl& m = *impl_;
+  if (m.kind != TargetKind::Masks)
+    throw std::logic_error(fmt::format("{}: '{}' holds labels, not masks", m.path, m.opt.targets));
+  m.check_tile(index, rect);
+  const int rows = rect.rows.size(), cols = rect.cols.size();
+  try {
+    h5::read_hyperslab(m.masks, {index, rect.rows.lo, rect.cols.lo, 0}, {1, rows, cols, 1},
+                       H5T_NATIVE_FLOAT, out);
+  } catch (const h5::H5Error& e) {
+    throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.what()));
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float v = out[size_t(r) * cols + c];
+      if (v != 0.f && v != 1.f)
+        m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: masks must be 0 or 1",
+                           m.opt.targets, index, v, rect.rows.lo + r, rect.cols.lo + c));
+    }
+}
+
+}  // namespace ht

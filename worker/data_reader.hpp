@@ -1,0 +1,71 @@
+// Reads training data (SPEC section 4) one tile at a time through HDF5 hyperslabs:
+// `images` [N, H, W, C] (float32, uint8 or uint16) and `labels` [N] or `masks` [N, H, W, 1].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/shard_plan.hpp"
+
+namespace ht {
+
+enum class PixelType { Float32, UInt8, UInt16 };
+const char* to_string(PixelType t);  // "float32", "uint8", "uint16"
+
+enum class TargetKind { Labels, Masks };
+const char* to_string(TargetKind k);  // "labels", "masks"
+
+struct DataReaderOptions {
+  std::string images = "images";   // dataset names (data.images / data.targets)
+  std::string targets = "labels";
+  int height = 0, width = 0, channels = 0;  // model.input [H, W, C] the images must match
+  int classes = 0;                          // labels must lie in [0, classes); 0: unchecked
+  std::optional<TargetKind> expect;         // what the loss needs; nullopt: either
+  std::string key = "data.train";           // the config key naming the file, for messages
+};
+
+// Options for a run: model.input, data.images/targets, `classes` = units of the last layer
+// for softmax_cross_entropy, masks expected for sigmoid_bce.
+DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spec);
+
+// One open data file. Validates everything it can at open (existence, HDF5, shapes,
+// dtypes) and throws ConfigError naming the file, the dataset, expected and found; label
+// and mask VALUES are checked as they are read. Not shareable between threads (it keeps a
+// conversion buffer): each worker opens its own.
+class DataReader {
+ public:
+  DataReader(const std::string& path, const DataReaderOptions& options);
+  ~DataReader();
+  DataReader(DataReader&&) noexcept;
+  DataReader& operator=(DataReader&&) noexcept;
+
+  const std::string& path() const;
+  int64_t count() const;  // N
+  bool has_masks() const;
+  TargetKind target_kind() const;
+  PixelType pixel_type() const;
+  int height() const;
+  int width() const;
+  int channels() const;
+
+  // Writes image `index`'s pixels in `rect` (image rows/cols) to `out` as [C][rows][cols]
+  // float, multiplied by `scale`. Reads only that hyperslab. Throws std::out_of_range for
+  // an index or rect outside the image (a caller bug, not a data problem).
+  void read_image_tile(int64_t index, const Rect& rect, float scale, float* out);
+  // Label of image `index` (all labels are cached at open); ConfigError when the value
+  // lies outside [0, classes).
+  int32_t read_label(int64_t index) const;
+  // Writes mask `index` in `rect` to `out` as [rows][cols] of 0/1; ConfigError for any
+  // other value.
+  void read_mask_tile(int64_t index, const Rect& rect, float* out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ht

@@ -1,0 +1,80 @@
+#include "worker/halo_exchange.hpp"
+
+#include <fmt/format.h>
+
+namespace ht {
+
+HaloExchange::HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& world,
+                           ComputeBackend& backend)
+    : plan_(plan), layer_(layer), rank_(rank), world_(world), backend_(backend) {
+  owned_ = plan.owned_input(layer, rank);
+  needed_ = plan.needed_input(layer, rank);
+}
+
+Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
+  Tensor ext(backend_.allocator(), x.n(), x.c(), needed_.rows.size(), needed_.cols.size(), what);
+  backend_.unpack_rect(x.data(), x.n(), x.c(), ext.h(), ext.w(), owned_.rows.lo - needed_.rows.lo,
+                       owned_.cols.lo - needed_.cols.lo, owned_.rows.size(), owned_.cols.size(),
+                       ext.data(), false);
+  // Rows first, then columns including the received rows: that covers the corners.
+  run_phase(HaloPhase::Rows, ext, false);
+  run_phase(HaloPhase::Cols, ext, false);
+  return ext;
+}
+
+Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what) {
+  // The adjoint runs the phases in reverse; it accumulates into a copy of grad_ext.
+  Tensor work(backend_.allocator(), grad_ext.n(), grad_ext.c(), grad_ext.h(), grad_ext.w(), what);
+  backend_.copy(work.data(), grad_ext.data(), grad_ext.size());
+  run_phase(HaloPhase::Cols, work, true);
+  run_phase(HaloPhase::Rows, work, true);
+  Tensor dx(backend_.allocator(), work.n(), work.c(), owned_.rows.size(), owned_.cols.size(), what);
+  backend_.pack_rect(work.data(), work.n(), work.c(), work.h(), work.w(),
+                     owned_.rows.lo - needed_.rows.lo, owned_.cols.lo - needed_.cols.lo,
+                     owned_.rows.size(), owned_.cols.size(), dx.data());
+  return dx;
+}
+
+void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, bool backward) {
+  // Forward: pack what peers receive from us out of `ext`, unpack what we receive into it.
+  // Backward: the same regions with the roles swapped, and unpacking adds.
+  const auto incoming = plan_.receives(layer_, rank_, phase);
+  const auto outgoing = plan_.sends(layer_, rank_, phase);
+  const auto& to_pack = backward ? incoming : outgoing;
+  const auto& to_unpack = backward ? outgoing : incoming;
+  if (to_pack.empty() && to_unpack.empty()) return;
+  const int n = ext.n(), c = ext.c();
+  auto volume = [&](const HaloRegion& r) { return size_t(n) * c * size_t(r.rect.area()); };
+  size_t send_total = 0, recv_total = 0;
+  for (const auto& r : to_pack) send_total += volume(r);
+  for (const auto& r : to_unpack) recv_total += volume(r);
+  Tensor send_buf(backend_.allocator(), 1, 1, 1, int(send_total), "halo send buffer");
+  Tensor recv_buf(backend_.allocator(), 1, 1, 1, int(recv_total), "halo receive buffer");
+
+  std::vector<SendMsg> sends;
+  size_t offset = 0;
+  for (const auto& r : to_pack) {
+    float* dst = send_buf.data() + offset;
+    backend_.pack_rect(ext.data(), n, c, ext.h(), ext.w(), r.rect.rows.lo - needed_.rows.lo,
+                       r.rect.cols.lo - needed_.cols.lo, r.rect.rows.size(), r.rect.cols.size(), dst);
+    sends.push_back({r.peer, dst, volume(r)});
+    offset += volume(r);
+  }
+  std::vector<RecvMsg> recvs;
+  offset = 0;
+  for (const auto& r : to_unpack) {
+    recvs.push_back({r.peer, recv_buf.data() + offset, volume(r)});
+    offset += volume(r);
+  }
+  backend_.synchronize();
+  world_.exchange(sends, recvs);
+  offset = 0;
+  for (const auto& r : to_unpack) {
+    backend_.unpack_rect(recv_buf.data() + offset, n, c, ext.h(), ext.w(),
+                         r.rect.rows.lo - needed_.rows.lo, r.rect.cols.lo - needed_.cols.lo,
+                         r.rect.rows.size(), r.rect.cols.size(), ext.data(), backward);
+    offset += volume(r);
+  }
+}
+
+}  // namespace ht

@@ -1,0 +1,36 @@
+// Halo exchange for one layer and one rank, driven only by the ShardPlan: forward gathers
+// the rows/cols a windowed layer reads from its neighbours; backward is the adjoint,
+// sending the gradient of every received cell back to its owner and adding it there.
+#pragma once
+
+#include "orchestrator/shard_plan.hpp"
+#include "worker/backend.hpp"
+#include "worker/comm.hpp"
+
+namespace ht {
+
+class HaloExchange {
+ public:
+  HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& world, ComputeBackend& backend);
+
+  const Rect& owned() const { return owned_; }
+  const Rect& needed() const { return needed_; }
+  // True when the layer reads exactly what this rank owns: no exchange, no copy.
+  bool trivial() const { return owned_ == needed_; }
+
+  // x: [n, c, owned rows, owned cols] -> [n, c, needed rows, needed cols].
+  Tensor gather(const Tensor& x, const std::string& what);
+  // grad of the extended input -> grad of the owned input (received cells added to owners).
+  Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
+
+ private:
+  void run_phase(HaloPhase phase, Tensor& ext, bool backward);
+
+  const ShardPlan& plan_;
+  int layer_, rank_;
+  Comm& world_;
+  ComputeBackend& backend_;
+  Rect owned_, needed_;
+};
+
+}  // namespace ht

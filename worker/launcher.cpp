@@ -1,0 +1,131 @@
+// Starts the workers of `halotrain train`: one MPI rank each under mpirun/srun, or every
+// shard as a thread of this process (the embedded default).
+#include <mpi.h>
+#include <omp.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "orchestrator/memory_model.hpp"
+#include "worker/local_comm.hpp"
+#include "worker/log.hpp"
+#include "worker/mpi_comm.hpp"
+#include "worker/synthetic_data.hpp"
+#include "worker/trainer.hpp"
+
+namespace ht {
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+// Makes data.train from data.synthesize when it does not exist yet.
+void ensure_data(const Config& config) {
+  if (!config.data.synthesize || std::filesystem::exists(config.data.train)) return;
+  const SynthesizeConfig& s = *config.data.synthesize;
+  const SyntheticOptions o = synthetic_options(config);
+  log().info("writing synthetic data {} ({} x {} x {} x {})", config.data.train, s.count, s.height, s.width,
+             s.channels);
+  const auto parent = std::filesystem::path(config.data.train).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  write_synthetic_dataset(config.data.train, o);
+}
+
+void check_batch(const Config& config, const ShardPlan& plan) {
+  if (config.training.batch_size % plan.groups != 0)
+    throw ConfigError(fmt::format(
+        "{}: training.batch_size {} must be divisible by the {} sample groups ({} ranks / grid {}x{})",
+        config.source_path, config.training.batch_size, plan.groups, plan.world(), plan.grid_rows,
+        plan.grid_cols));
+}
+
+BackendOptions backend_options(const Config& config, int rank, int threads) {
+  BackendOptions o;
+  o.kind = config.parallel.backend;
+  o.device_index = rank % std::max(1, config.parallel.devices_per_node);
+  o.memory_budget = config.parallel.device_memory;
+  o.threads = threads;
+  o.name = fmt::format("rank {} {}", rank, to_string(config.parallel.backend));
+  return o;
+}
+
+GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
+  if (config.parallel.grid_auto) return choose_grid(config, model, groups);
+  return {config.parallel.grid_rows, config.parallel.grid_cols};
+}
+
+TrainSummary run_mpi(const Config& config, const ModelSpec& model, int world_size) {
+  MpiComm world(MPI_COMM_WORLD, false);
+  set_log_rank(world.rank(), world.size());
+  GridShape grid = grid_of(config, model, 1);
+  if (world_size % (grid.rows * grid.cols) != 0)
+    throw ConfigError(fmt::format(
+        "{}: parallel.grid [{}, {}] needs a multiple of {} ranks; this job has {}", config.source_path,
+        grid.rows, grid.cols, grid.rows * grid.cols, world_size));
+  const ShardPlan plan = make_shard_plan(model, grid, world_size);
+  check_batch(config, plan);
+  if (world.rank() == 0) ensure_data(config);
+  world.barrier();
+  const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", 1));
+  const int threads = std::getenv("OMP_NUM_THREADS")
+                          ? 0
+                          : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
+  Trainer trainer(config, plan, world.rank(), world, backend_options(config, world.rank(), threads));
+  return trainer.run();
+}
+
+TrainSummary run_local(const Config& config, const ModelSpec& model) {
+  const ShardPlan plan = make_shard_plan(model, grid_of(config, model, 1));
+  check_batch(config, plan);
+  ensure_data(config);
+  const int world = plan.world();
+  const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);
+  auto comms = LocalComm::create(world);
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<TrainSummary> summaries(world);
+  std::vector<std::thread> workers;
+  for (int r = 0; r < world; ++r) {
+    workers.emplace_back([&, r] {
+      set_log_rank(r, world);
+      try {
+        Trainer trainer(config, plan, r, *comms[r], backend_options(config, r, threads));
+        summaries[r] = trainer.run();
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        comms[r]->abort(e.what());
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  // Report the failure that started it, not the aborts it caused in the other shards.
+  std::exception_ptr first;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommAborted&) {
+      if (!first) first = e;
+    } catch (...) {
+      std::rethrow_exception(e);
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return summaries[0];
+}
+
+}  // namespace
+
+TrainSummary run_training(const Config& config) {
+  const ModelSpec model = build_model_spec(config);
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int world_size = 1;
+  if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (world_size > 1) return run_mpi(config, model, world_size);
+  return run_local(config, model);
+}
+
+}  // namespace ht

@@ -1,0 +1,352 @@
+#include "worker/layers.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace ht {
+
+Layer::Layer(const LayerContext& ctx, int index) : ctx_(ctx), index_(index) {}
+
+std::string Layer::label() const { return fmt::format("layer {} (rank {})", spec().config.name, ctx_.rank); }
+
+Tensor Layer::make_output(int c, const Rect& rect, const std::string& what) {
+  return Tensor(ctx_.backend.allocator(), ctx_.local_batch, c, rect.rows.size(), rect.cols.size(),
+                what + " of " + label());
+}
+
+float* Layer::weight(const std::string& name) {
+  const ParamRef* r = ctx_.params.find(index_, name);
+  return r ? ctx_.params.value(*r) : nullptr;
+}
+
+float* Layer::weight_grad(const std::string& name) {
+  const ParamRef* r = ctx_.params.find(index_, name);
+  return r ? ctx_.params.grad(*r) : nullptr;
+}
+
+namespace {
+
+void check_shape(const Tensor& t, int n, int c, int h, int w, const char* what, const std::string& layer) {
+  if (t.n() != n || t.c() != c || t.h() != h || t.w() != w)
+    throw std::logic_error(fmt::format("{}: {} is [{}, {}, {}, {}], the plan says [{}, {}, {}, {}]", layer,
+                                       what, t.n(), t.c(), t.h(), t.w(), n, c, h, w));
+}
+
+}  // namespace
+
+Tensor Layer::forward(const Tensor& x) {
+  const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
+  check_shape(x, ctx_.local_batch, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
+  return forward_impl(x);
+}
+
+Tensor Layer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
+  check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
+  return backward_impl(x, y, dy, need_dx);
+}
+
+namespace {
+
+// Conv and pools: gather the halo, run the kernel on the extended input, keep it for backward.
+class WindowedLayer : public Layer {
+ public:
+  WindowedLayer(const LayerContext& ctx, int index)
+      : Layer(ctx, index), halo_(ctx.plan, index, ctx.rank, ctx.world, ctx.backend) {
+    const LayerPlan& lp = ctx.plan.layers[index];
+    const int iy = ctx.plan.grid_row_of(ctx.rank), ix = ctx.plan.grid_col_of(ctx.rank);
+    pad_top_ = lp.rows.pad_lo[iy];
+    pad_bottom_ = lp.rows.pad_hi[iy];
+    pad_left_ = lp.cols.pad_lo[ix];
+    pad_right_ = lp.cols.pad_hi[ix];
+    out_rect_ = ctx.plan.owned_output(index, ctx.rank);
+  }
+  void release_saved() override { ext_.release(); }
+
+ protected:
+  // The kernel's input: the extended tensor, or x itself when this rank needs no halo.
+  const Tensor& gather(const Tensor& x) {
+    if (halo_.trivial()) return x;
+    ext_ = halo_.gather(x, "halo-extended input of " + label());
+    return ext_;
+  }
+  const Tensor& kernel_input(const Tensor& x) const { return halo_.trivial() ? x : ext_; }
+  Tensor make_dext(const Tensor& x) {
+    const Rect& need = halo_.needed();
+    return Tensor(ctx_.backend.allocator(), x.n(), x.c(), need.rows.size(), need.cols.size(),
+                  "input gradient of " + label());
+  }
+  Tensor finish_dx(Tensor dext) {
+    if (halo_.trivial()) return dext;
+    return halo_.scatter_add(dext, "input gradient of " + label());
+  }
+
+  HaloExchange halo_;
+  Tensor ext_;
+  Rect out_rect_;
+  int pad_top_, pad_bottom_, pad_left_, pad_right_;
+};
+
+class Conv2DLayer : public WindowedLayer {
+ public:
+  using WindowedLayer::WindowedLayer;
+
+ protected:
+  ConvGeom geom(const Tensor& in) const {
+    const LayerSpec& s = spec();
+    ConvGeom g;
+    g.n = in.n();
+    g.cin = in.c();
+    g.hin = in.h();
+    g.win = in.w();
+    g.cout = s.out.c;
+    g.kh = s.rows.kernel;
+    g.kw = s.cols.kernel;
+    g.stride_h = s.rows.stride;
+    g.stride_w = s.cols.stride;
+    g.dil_h = s.rows.dilation;
+    g.dil_w = s.cols.dilation;
+    g.pad_top = pad_top_;
+    g.pad_bottom = pad_bottom_;
+    g.pad_left = pad_left_;
+    g.pad_right = pad_right_;
+    return g;
+  }
+  ConvKernel& kernel(const ConvGeom& g) {
+    if (!conv_) conv_ = ctx_.backend.make_conv(g);
+    return *conv_;
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    const Tensor& in = gather(x);
+    const ConvGeom g = geom(in);
+    Tensor y = make_output(spec().out.c, out_rect_, "output");
+    if (g.hout() != y.h() || g.wout() != y.w())
+      throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
+                                         g.wout(), y.h(), y.w()));
+    kernel(g).forward(in.data(), weight("kernel:0"), weight("bias:0"), y.data());
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    const Tensor& in = kernel_input(x);
+    ConvKernel& k = kernel(geom(in));
+    k.backward_weights(in.data(), dy.data(), weight_grad("kernel:0"), weight_grad("bias:0"));
+    Tensor dx;
+    if (need_dx) {
+      Tensor dext = make_dext(x);
+      k.backward_data(dy.data(), weight("kernel:0"), dext.data());
+      ext_.release();
+      dx = finish_dx(std::move(dext));
+    }
+    ext_.release();
+    return dx;
+  }
+
+ private:
+  std::unique_ptr<ConvKernel> conv_;
+};
+
+class PoolLayer : public WindowedLayer {
+ public:
+  using WindowedLayer::WindowedLayer;
+
+ protected:
+  bool is_max() const { return spec().config.type == LayerType::MaxPool2D; }
+  PoolGeom geom(const Tensor& in) const {
+    const LayerSpec& s = spec();
+    PoolGeom g;
+    g.n = in.n();
+    g.c = in.c();
+    g.hin = in.h();
+    g.win = in.w();
+    g.kh = s.rows.kernel;
+    g.kw = s.cols.kernel;
+    g.stride_h = s.rows.stride;
+    g.stride_w = s.cols.stride;
+    g.pad_top = pad_top_;
+    g.pad_bottom = pad_bottom_;
+    g.pad_left = pad_left_;
+    g.pad_right = pad_right_;
+    return g;
+  }
+  Tensor forward_impl(const Tensor& x) override {
+    const Tensor& in = gather(x);
+    const PoolGeom g = geom(in);
+    Tensor y = make_output(spec().out.c, out_rect_, "output");
+    if (is_max())
+      ctx_.backend.max_pool_forward(g, in.data(), y.data());
+    else
+      ctx_.backend.avg_pool_forward(g, in.data(), y.data());
+    if (!is_max()) ext_.release();  // average pooling's backward needs only shapes
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (need_dx) {
+      Tensor dext = make_dext(x);
+      const PoolGeom g = geom(dext);
+      if (is_max())
+        ctx_.backend.max_pool_backward(g, kernel_input(x).data(), dy.data(), dext.data());
+      else
+        ctx_.backend.avg_pool_backward(g, dy.data(), dext.data());
+      ext_.release();
+      dx = finish_dx(std::move(dext));
+    }
+    ext_.release();
+    return dx;
+  }
+};
+
+// Statistics over the batch and all shards, as BatchNorm2d in training mode; moving
+// averages as Keras.
+class BatchNormLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override {
+    const int c = x.c();
+    const int64_t hw = int64_t(x.h()) * x.w();
+    const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
+    mean_.assign(c, 0.0);
+    invstd_.assign(c, 0.0);
+    std::vector<double> sq(c, 0.0);
+    ctx_.backend.channel_sum(x.n(), c, hw, x.data(), mean_.data());
+    ctx_.world.allreduce_sum_host(mean_.data(), c);
+    for (double& m : mean_) m /= count;
+    // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
+    ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
+    ctx_.world.allreduce_sum_host(sq.data(), c);
+    const double eps = spec().config.epsilon, momentum = spec().config.momentum;
+    std::vector<float> mm(c), mv(c);
+    const ParamRef* rm = ctx_.params.find(index_, "moving_mean:0");
+    const ParamRef* rv = ctx_.params.find(index_, "moving_variance:0");
+    ctx_.backend.to_host(mm.data(), ctx_.params.value(*rm), c * sizeof(float));
+    ctx_.backend.to_host(mv.data(), ctx_.params.value(*rv), c * sizeof(float));
+    for (int i = 0; i < c; ++i) {
+      const double var = sq[i] / count;
+      invstd_[i] = 1.0 / std::sqrt(var + eps);
+      const double unbiased = count > 1 ? sq[i] / (count - 1) : var;
+      mm[i] = float(momentum * mm[i] + (1 - momentum) * mean_[i]);
+      mv[i] = float(momentum * mv[i] + (1 - momentum) * unbiased);
+    }
+    ctx_.backend.from_host(ctx_.params.value(*rm), mm.data(), c * sizeof(float));
+    ctx_.backend.from_host(ctx_.params.value(*rv), mv.data(), c * sizeof(float));
+    Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
+    ctx_.backend.bn_forward_apply(x.n(), c, hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
+                                  weight("beta:0"), y.data());
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    const int c = x.c();
+    const int64_t hw = int64_t(x.h()) * x.w();
+    std::vector<double> sums(2 * size_t(c), 0.0);
+    ctx_.backend.bn_backward_sums(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
+                                  sums.data(), sums.data() + c);
+    // This shard's share of dgamma/dbeta; the step's gradient all-reduce sums the shards.
+    std::vector<float> dbeta(sums.begin(), sums.begin() + c), dgamma(sums.begin() + c, sums.end());
+    ctx_.backend.from_host(weight_grad("gamma:0"), dgamma.data(), c * sizeof(float));
+    ctx_.backend.from_host(weight_grad("beta:0"), dbeta.data(), c * sizeof(float));
+    Tensor dx;
+    if (need_dx) {
+      ctx_.world.allreduce_sum_host(sums.data(), sums.size());
+      const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
+      dx = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "input gradient of " + label());
+      ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
+                                     weight("gamma:0"), sums.data(), sums.data() + c, count, dx.data());
+    }
+    return dx;
+  }
+
+ private:
+  std::vector<double> mean_, invstd_;
+};
+
+class ReLULayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
+    ctx_.backend.relu_forward(x.size(), x.data(), y.data());
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (!need_dx) return dx;
+    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    ctx_.backend.relu_backward(y.size(), y.data(), dy.data(), dx.data());
+    return dx;
+  }
+};
+
+// Mean over the whole image: partial sums from every shard of the sample group.
+class GlobalAvgPoolLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  double pixels() const { return double(spec().in.h) * spec().in.w; }
+  Tensor forward_impl(const Tensor& x) override {
+    std::vector<double> sums(size_t(x.n()) * x.c(), 0.0);
+    ctx_.backend.global_avg_sum(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), sums.data());
+    ctx_.group.allreduce_sum_host(sums.data(), sums.size());
+    std::vector<float> mean(sums.size());
+    for (size_t i = 0; i < sums.size(); ++i) mean[i] = float(sums[i] / pixels());
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "output of " + label());
+    ctx_.backend.from_host(y.data(), mean.data(), mean.size() * sizeof(float));
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (!need_dx) return dx;
+    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    ctx_.backend.global_avg_backward(x.n(), x.c(), int64_t(x.h()) * x.w(), dy.data(), 1.0 / pixels(),
+                                     dx.data());
+    return dx;
+  }
+};
+
+// Replicated on every shard of a group (its input is the all-reduced global pool); only
+// the group leader contributes its weight gradient, so the all-reduce counts it once.
+class DenseLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override {
+    Tensor y(ctx_.backend.allocator(), x.n(), spec().out.c, 1, 1, "output of " + label());
+    ctx_.backend.dense_forward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), weight("bias:0"), y.data());
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (need_dx) dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "input gradient of " + label());
+    float* dw = weight_grad("kernel:0");
+    float* db = weight_grad("bias:0");
+    ctx_.backend.dense_backward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), dy.data(),
+                                need_dx ? dx.data() : nullptr, dw, db);
+    if (!ctx_.group_leader()) {
+      ctx_.backend.fill_zero(dw, size_t(x.c()) * y.c());
+      if (db) ctx_.backend.fill_zero(db, size_t(y.c()));
+    }
+    return dx;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index) {
+  switch (ctx.plan.model.layers[index].config.type) {
+    case LayerType::Conv2D: return std::make_unique<Conv2DLayer>(ctx, index);
+    case LayerType::MaxPool2D:
+    case LayerType::AvgPool2D: return std::make_unique<PoolLayer>(ctx, index);
+    case LayerType::BatchNorm: return std::make_unique<BatchNormLayer>(ctx, index);
+    case LayerType::ReLU: return std::make_unique<ReLULayer>(ctx, index);
+    case LayerType::GlobalAvgPool: return std::make_unique<GlobalAvgPoolLayer>(ctx, index);
+    case LayerType::Dense: return std::make_unique<DenseLayer>(ctx, index);
+  }
+  throw std::logic_error("unknown layer type");
+}
+
+}  // namespace ht

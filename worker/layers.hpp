@@ -1,0 +1,60 @@
+// Layers on one shard. The public forward/backward check shapes against the plan, then a
+// virtual computes on the backend (caffe / tiny-cuda-nn style). Layers never ask which
+// backend or comm they run on.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "orchestrator/shard_plan.hpp"
+#include "worker/backend.hpp"
+#include "worker/comm.hpp"
+#include "worker/halo_exchange.hpp"
+#include "worker/params.hpp"
+
+namespace ht {
+
+struct LayerContext {
+  const ShardPlan& plan;
+  int rank;
+  Comm& world;  // all ranks: halos, batch-norm statistics, gradients
+  Comm& group;  // the shards of this rank's sample group: global pooling
+  ComputeBackend& backend;
+  ParamStore& params;
+  int local_batch;   // images per step on this rank's group
+  int global_batch;  // images per step, all groups
+  bool group_leader() const { return plan.shard_of(rank) == 0; }
+};
+
+class Layer {
+ public:
+  Layer(const LayerContext& ctx, int index);
+  virtual ~Layer() = default;
+
+  const LayerSpec& spec() const { return ctx_.plan.model.layers[index_]; }
+  int index() const { return index_; }
+
+  // x: this rank's owned part of the input [b, c, h, w]; returns the owned output.
+  Tensor forward(const Tensor& x);
+  // x, y: the input and output of forward; dy: gradient of y. Writes weight gradients and
+  // returns the gradient of the owned input (empty when !need_dx).
+  Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx);
+  // Drops what forward kept for backward.
+  virtual void release_saved() {}
+
+ protected:
+  virtual Tensor forward_impl(const Tensor& x) = 0;
+  virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
+  Tensor make_output(int c, const Rect& rect, const std::string& what);
+  float* weight(const std::string& name);
+  float* weight_grad(const std::string& name);
+  std::string label() const;  // "conv2d_1 (rank 0)" for allocation messages
+
+  LayerContext ctx_;
+  int index_;
+};
+
+std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index);
+
+}  // namespace ht

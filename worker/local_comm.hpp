@@ -1,0 +1,40 @@
+// Comm between shards that run as threads of one process: the embedded default of
+// `halotrain train` outside MPI/Slurm. Host memory only.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "worker/comm.hpp"
+
+namespace ht {
+
+struct LocalHub;  // state shared by the threads of one comm
+
+class LocalComm : public Comm {
+ public:
+  // Creates the comms of `size` threads; element i is rank i's.
+  static std::vector<std::unique_ptr<Comm>> create(int size);
+
+  LocalComm(std::shared_ptr<LocalHub> hub, int rank);
+  ~LocalComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override;
+  void allreduce_sum_host(double* data, size_t count) override;
+  void allreduce_sum(float* data, size_t count) override;
+  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void broadcast_host(void* data, size_t bytes, int root) override;
+  void barrier() override;
+  std::unique_ptr<Comm> split(int color) override;
+  void abort(const std::string& why) override;
+
+ private:
+  template <class T>
+  void allreduce(T* data, size_t count);
+
+  std::shared_ptr<LocalHub> hub_;
+  int rank_;
+};
+
+}  // namespace ht

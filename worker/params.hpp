@@ -1,0 +1,67 @@
+// Every weight of the model in three contiguous arenas: trainable values, their gradients,
+// and non-trainable buffers (BN moving statistics). One arena means one all-reduce and one
+// optimizer call per step. Layouts are PyTorch's (conv OIHW), except dense (in, out) as
+// Keras; checkpoints convert to Keras layouts.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "orchestrator/model_spec.hpp"
+#include "worker/backend.hpp"
+
+namespace ht {
+
+struct ParamRef {
+  int layer = 0;
+  std::string layer_name;
+  std::string weight;  // Keras name: "kernel:0", "moving_mean:0", ...
+  std::vector<int64_t> keras_shape;
+  bool trainable = true;
+  size_t offset = 0;  // into values/grads (trainable) or buffers
+  size_t count = 0;
+};
+
+class ParamStore {
+ public:
+  ParamStore(const ModelSpec& model, ComputeBackend& backend);
+
+  const std::vector<ParamRef>& refs() const { return refs_; }
+  const ParamRef* find(int layer, const std::string& weight) const;
+  float* value(const ParamRef& r);
+  float* grad(const ParamRef& r);  // trainable only
+
+  Tensor& values() { return values_; }
+  Tensor& grads() { return grads_; }
+  Tensor& buffers() { return buffers_; }
+  size_t trainable_count() const { return trainable_; }
+
+  // Keras defaults: glorot_uniform kernels, zero biases, gamma 1, beta 0, moving mean 0,
+  // moving variance 1; deterministic from `seed`, identical on every rank.
+  void initialize(uint64_t seed);
+
+  // Host copy of one weight in Keras layout (conv kernels transposed from OIHW), and back.
+  std::vector<float> to_keras(const ParamRef& r);
+  void from_keras(const ParamRef& r, const float* keras_data);
+
+ private:
+  ComputeBackend& backend_;
+  std::vector<ParamRef> refs_;
+  size_t trainable_ = 0, buffer_count_ = 0;
+  Tensor values_, grads_, buffers_;
+};
+
+// splitmix64: a tiny, portable generator, so Python test oracles can reproduce shuffles.
+struct SplitMix64 {
+  uint64_t state;
+  explicit SplitMix64(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+};
+
+}  // namespace ht

@@ -1,0 +1,83 @@
+#include "worker/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace ht {
+
+namespace {
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20)); }
+}  // namespace
+
+Allocator::Allocator(std::string device, uint64_t budget_bytes)
+    : device_(std::move(device)), budget_(budget_bytes) {}
+
+void* Allocator::allocate(size_t bytes, const std::string& what) {
+  if (bytes == 0) return nullptr;
+  if (budget_ && in_use_ + bytes > budget_)
+    throw DeviceMemoryError(fmt::format(
+        "{}: out of device memory allocating {} for {}: {} in use, budget {} "
+        "(parallel.device_memory); use a larger grid or parallel.activations",
+        device_, mib(bytes), what, mib(in_use_), mib(budget_)));
+  void* p = raw_allocate(bytes);
+  if (!p)
+    throw DeviceMemoryError(fmt::format("{}: the system refused {} for {}", device_, mib(bytes), what));
+  in_use_ += bytes;
+  if (in_use_ > peak_) peak_ = in_use_;
+  return p;
+}
+
+void Allocator::deallocate(void* ptr, size_t bytes) {
+  if (!ptr) return;
+  raw_deallocate(ptr);
+  in_use_ -= bytes;
+}
+
+void* Allocator::raw_allocate(size_t bytes) {
+  // 64-byte alignment for vector loads and oneDNN.
+  return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+void Allocator::raw_deallocate(void* ptr) { std::free(ptr); }
+
+Tensor::Tensor(Allocator& alloc, int n, int c, int h, int w, const std::string& what)
+    : alloc_(&alloc), n_(n), c_(c), h_(h), w_(w) {
+  data_ = static_cast<float*>(alloc.allocate(bytes(), what));
+}
+
+Tensor::Tensor(Tensor&& o) noexcept
+    : alloc_(o.alloc_), data_(o.data_), n_(o.n_), c_(o.c_), h_(o.h_), w_(o.w_) {
+  o.data_ = nullptr;
+  o.alloc_ = nullptr;
+  o.n_ = o.c_ = o.h_ = o.w_ = 0;
+}
+
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) {
+    release();
+    std::swap(alloc_, o.alloc_);
+    std::swap(data_, o.data_);
+    std::swap(n_, o.n_);
+    std::swap(c_, o.c_);
+    std::swap(h_, o.h_);
+    std::swap(w_, o.w_);
+  }
+  return *this;
+}
+
+Tensor::~Tensor() { release(); }
+
+void Tensor::zero() {
+  if (data_) std::memset(data_, 0, bytes());
+}
+
+void Tensor::release() {
+  if (data_ && alloc_) alloc_->deallocate(data_, bytes());
+  data_ = nullptr;
+  n_ = c_ = h_ = w_ = 0;
+}
+
+}  // namespace ht

@@ -1,0 +1,76 @@
+// Host tensors and the counting allocator every allocation goes through.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace ht {
+
+// Exceeding the device budget (`parallel.device_memory`): a clear error naming what was
+// being allocated, never a crash.
+class DeviceMemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Counts bytes in use and the peak on one device (one rank's share of host memory on the
+// CPU backend), and enforces a budget. Not thread-safe: one allocator per worker.
+class Allocator {
+ public:
+  explicit Allocator(std::string device, uint64_t budget_bytes = 0);
+  virtual ~Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // `what` names the owner (a layer, "optimizer state", ...) for the error message.
+  void* allocate(size_t bytes, const std::string& what);
+  void deallocate(void* ptr, size_t bytes);
+
+  uint64_t in_use() const { return in_use_; }
+  uint64_t peak() const { return peak_; }
+  uint64_t budget() const { return budget_; }
+  void set_budget(uint64_t bytes) { budget_ = bytes; }
+  void reset_peak() { peak_ = in_use_; }
+  const std::string& device() const { return device_; }
+
+ protected:
+  virtual void* raw_allocate(size_t bytes);
+  virtual void raw_deallocate(void* ptr);
+
+ private:
+  std::string device_;
+  uint64_t budget_ = 0;  // 0: unlimited
+  uint64_t in_use_ = 0, peak_ = 0;
+};
+
+// A float32 NCHW tensor owning its memory through an Allocator. Move-only.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Allocator& alloc, int n, int c, int h, int w, const std::string& what);
+  Tensor(Tensor&&) noexcept;
+  Tensor& operator=(Tensor&&) noexcept;
+  ~Tensor();
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  int n() const { return n_; }
+  int c() const { return c_; }
+  int h() const { return h_; }
+  int w() const { return w_; }
+  size_t size() const { return size_t(n_) * c_ * h_ * w_; }
+  size_t bytes() const { return size() * sizeof(float); }
+  bool empty() const { return data_ == nullptr; }
+  void zero();
+  void release();  // frees now
+
+ private:
+  Allocator* alloc_ = nullptr;
+  float* data_ = nullptr;
+  int n_ = 0, c_ = 0, h_ = 0, w_ = 0;
+};
+
+}  // namespace ht

@@ -1,0 +1,65 @@
+// The training loop of one worker (one shard of one sample group), and the launchers that
+// start the workers: threads of this process (the embedded default) or one MPI rank each.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "orchestrator/shard_plan.hpp"
+#include "worker/backend.hpp"
+#include "worker/batch.hpp"
+#include "worker/checkpoint.hpp"
+#include "worker/comm.hpp"
+#include "worker/layers.hpp"
+
+namespace ht {
+
+// The loss stopped being finite: a user-visible failure (exit 1), no checkpoint written.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double final_loss = 0;
+  std::string checkpoint;  // the last one written
+  uint64_t peak_device_bytes = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
+          const BackendOptions& backend_options);
+  ~Trainer();
+
+  TrainSummary run();
+
+ private:
+  double train_step(int64_t step);
+  double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
+  void optimizer_step(int64_t step);
+  uint64_t max_peak_over_ranks();
+  void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged);
+
+  const Config& config_;
+  const ShardPlan& plan_;
+  int rank_;
+  Comm& world_;
+  std::unique_ptr<Comm> group_;
+  std::unique_ptr<ComputeBackend> backend_;
+  std::unique_ptr<ParamStore> params_;
+  OptimizerState optimizer_;
+  std::unique_ptr<BatchSource> data_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  int64_t start_step_ = 0;
+  struct Reporter;
+  std::unique_ptr<Reporter> reporter_;
+};
+
+// Runs `halotrain train`: under MPI one rank per shard, otherwise every shard as a thread of
+// this process. Returns the summary of rank 0.
+TrainSummary run_training(const Config& config);
+
+}  // namespace ht
