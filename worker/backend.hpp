@@ -88,8 +88,9 @@ class ComputeBackend {
                      float* grad) = 0;
 
   virtual void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) = 0;
-  virtual void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr,
-                         float beta1, float beta2, float eps, int64_t step) = 0;
+  // Hyper-parameters stay double, as PyTorch keeps them (float 1 - 0.999 is off by 1e-5).
+  virtual void adam_step(size_t n, float* w, const float* g, float* m, float* v, double lr,
+                         double beta1, double beta2, double eps, int64_t step) = 0;
 
   virtual void synchronize() {}
 };

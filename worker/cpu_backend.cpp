@@ -140,8 +140,8 @@ class CpuBackend : public ComputeBackend {
   void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) override {
     cpu::sgd_step(n, w, g, v, lr, momentum);
   }
-  void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr, float beta1,
-                 float beta2, float eps, int64_t step) override {
+  void adam_step(size_t n, float* w, const float* g, float* m, float* v, double lr, double beta1,
+                 double beta2, double eps, int64_t step) override {
     cpu::adam_step(n, w, g, m, v, lr, beta1, beta2, eps, step);
   }
 

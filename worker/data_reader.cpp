@@ -31,8 +31,10 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   if (config.model.loss == LossType::SoftmaxCrossEntropy) {
     o.expect = TargetKind::Labels;
     o.classes = spec.output().c;
-  } else if (config.model.loss == LossType::SigmoidBCE) {
-    o.expect = TargetKind::Masks;
+  } else if (spec.spatial_layers == int(spec.layers.size())) {
+    o.expect = TargetKind::Masks;  // a full-resolution output is compared with masks
+  } else {
+    o.expect = TargetKind::Labels;
   }
   return o;
 }

@@ -35,6 +35,17 @@ Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what
   return dx;
 }
 
+void HaloExchange::gather_in_place(const Tensor& x) {
+  // Nothing is received (needed == owned), so the phases only read from x.
+  run_phase(HaloPhase::Rows, const_cast<Tensor&>(x), false);
+  run_phase(HaloPhase::Cols, const_cast<Tensor&>(x), false);
+}
+
+void HaloExchange::scatter_add_in_place(Tensor& grad) {
+  run_phase(HaloPhase::Cols, grad, true);
+  run_phase(HaloPhase::Rows, grad, true);
+}
+
 void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, bool backward) {
   // Forward: pack what peers receive from us out of `ext`, unpack what we receive into it.
   // Backward: the same regions with the roles swapped, and unpacking adds.

@@ -15,13 +15,18 @@ class HaloExchange {
 
   const Rect& owned() const { return owned_; }
   const Rect& needed() const { return needed_; }
-  // True when the layer reads exactly what this rank owns: no exchange, no copy.
-  bool trivial() const { return owned_ == needed_; }
+  // True when this rank reads exactly what it owns: it receives nothing and needs no
+  // extended copy, though its neighbours may still read from it.
+  bool in_place() const { return owned_ == needed_; }
 
   // x: [n, c, owned rows, owned cols] -> [n, c, needed rows, needed cols].
   Tensor gather(const Tensor& x, const std::string& what);
   // grad of the extended input -> grad of the owned input (received cells added to owners).
   Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
+  // The same without a copy, when in_place(): sends x's border to the neighbours that read
+  // it; adds their gradients of it into grad.
+  void gather_in_place(const Tensor& x);
+  void scatter_add_in_place(Tensor& grad);
 
  private:
   void run_phase(HaloPhase phase, Tensor& ext, bool backward);

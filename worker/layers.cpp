@@ -64,20 +64,27 @@ class WindowedLayer : public Layer {
   void release_saved() override { ext_.release(); }
 
  protected:
-  // The kernel's input: the extended tensor, or x itself when this rank needs no halo.
+  // The kernel's input: the extended tensor, or x itself when this rank needs no halo
+  // (its neighbours may still read from it).
   const Tensor& gather(const Tensor& x) {
-    if (halo_.trivial()) return x;
+    if (halo_.in_place()) {
+      halo_.gather_in_place(x);
+      return x;
+    }
     ext_ = halo_.gather(x, "halo-extended input of " + label());
     return ext_;
   }
-  const Tensor& kernel_input(const Tensor& x) const { return halo_.trivial() ? x : ext_; }
+  const Tensor& kernel_input(const Tensor& x) const { return halo_.in_place() ? x : ext_; }
   Tensor make_dext(const Tensor& x) {
     const Rect& need = halo_.needed();
     return Tensor(ctx_.backend.allocator(), x.n(), x.c(), need.rows.size(), need.cols.size(),
                   "input gradient of " + label());
   }
   Tensor finish_dx(Tensor dext) {
-    if (halo_.trivial()) return dext;
+    if (halo_.in_place()) {
+      halo_.scatter_add_in_place(dext);
+      return dext;
+    }
     return halo_.scatter_add(dext, "input gradient of " + label());
   }
 

@@ -118,8 +118,8 @@ void Trainer::optimizer_step(int64_t step) {
   float* w = params_->values().data();
   const float* g = params_->grads().data();
   if (o.type == OptimizerType::Adam)
-    backend_->adam_step(n, w, g, optimizer_.m.data(), optimizer_.v.data(), float(o.lr), float(o.beta1),
-                        float(o.beta2), float(o.epsilon), step + 1);
+    backend_->adam_step(n, w, g, optimizer_.m.data(), optimizer_.v.data(), o.lr, o.beta1, o.beta2,
+                        o.epsilon, step + 1);
   else
     backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data(), float(o.lr),
                        float(o.momentum));

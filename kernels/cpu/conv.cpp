@@ -33,6 +33,12 @@ namespace {
 
 constexpr int kBand = 4;  // output rows per task: a few KiB per channel, fits L1/L2
 
+// Small convolutions (deep layers of a small shard, tests) run on the calling thread:
+// a parallel region would cost more than the work.
+inline bool worth_parallel(const ConvGeom& g) {
+  return double(g.y_size()) * g.cin * g.kh * g.kw > double(1 << 16);
+}
+
 // Output columns [lo, hi) whose tap `k` lands inside [0, in): 0 <= o*s - pad + k*d < in.
 struct Span {
   int lo, hi, in0;  // in0: input column of output column lo
@@ -51,9 +57,10 @@ void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T*
   const int ho = g.hout(), wo = g.wout(), bands = (ho + kBand - 1) / kBand;
   const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
   std::vector<Span> spans(g.kw);
-  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+  for (int k = 0; k < g.kw; ++k)
+    spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
 
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (worth_parallel(g))
   for (int n = 0; n < g.n; ++n)
     for (int b = 0; b < bands; ++b) {
       const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
@@ -87,9 +94,10 @@ void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx) {
   const int ho = g.hout(), wo = g.wout(), bands = (g.hin + kBand - 1) / kBand;
   const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
   std::vector<Span> spans(g.kw);
-  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+  for (int k = 0; k < g.kw; ++k)
+    spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
 
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (worth_parallel(g))
   for (int n = 0; n < g.n; ++n)
     for (int b = 0; b < bands; ++b) {
       const int ih0 = b * kBand, ih1 = std::min(g.hin, ih0 + kBand);
@@ -127,8 +135,10 @@ void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, 
   const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
   const size_t nw = g.w_size(), slot = nw + g.cout;
   std::vector<Span> spans(g.kw);
-  for (int k = 0; k < g.kw; ++k) spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
-  const int nthr = std::max(1, std::min(omp_get_max_threads(), g.n * bands));
+  for (int k = 0; k < g.kw; ++k)
+    spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+  const int nthr =
+      worth_parallel(g) ? std::max(1, std::min(omp_get_max_threads(), g.n * bands)) : 1;
   std::vector<double> acc(size_t(nthr) * slot, 0.0);
 
 #pragma omp parallel num_threads(nthr)
@@ -162,16 +172,22 @@ void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, 
   for (size_t i = 0; i < slot; ++i) {
     double t = 0;
     for (int j = 0; j < nthr; ++j) t += acc[size_t(j) * slot + i];
-    if (i < nw) dw[i] = T(t);
-    else if (dbias) dbias[i - nw] = T(t);
+    if (i < nw)
+      dw[i] = T(t);
+    else if (dbias)
+      dbias[i - nw] = T(t);
   }
 }
 
-template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*, float*);
-template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*, double*);
+template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,
+                                    float*);
+template void conv2d_forward<double>(const ConvGeom&, const double*, const double*, const double*,
+                                     double*);
 template void conv2d_backward_data<float>(const ConvGeom&, const float*, const float*, float*);
 template void conv2d_backward_data<double>(const ConvGeom&, const double*, const double*, double*);
-template void conv2d_backward_weights<float>(const ConvGeom&, const float*, const float*, float*, float*);
-template void conv2d_backward_weights<double>(const ConvGeom&, const double*, const double*, double*, double*);
+template void conv2d_backward_weights<float>(const ConvGeom&, const float*, const float*, float*,
+                                             float*);
+template void conv2d_backward_weights<double>(const ConvGeom&, const double*, const double*,
+                                              double*, double*);
 
 }  // namespace ht::cpu

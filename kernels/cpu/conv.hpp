@@ -2,10 +2,10 @@
 // the numerical reference) and a oneDNN float path with cached primitives.
 #pragma once
 
-#include "kernels/geometry.hpp"
-
 #include <cstddef>
 #include <memory>
+
+#include "kernels/geometry.hpp"
 
 namespace ht::cpu {
 

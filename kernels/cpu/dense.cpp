@@ -58,8 +58,8 @@ void dense_backward(int n, int in, int out, const T* x, const T* W, const T* dy,
 template void dense_forward<float>(int, int, int, const float*, const float*, const float*, float*);
 template void dense_forward<double>(int, int, int, const double*, const double*, const double*,
                                     double*);
-template void dense_backward<float>(int, int, int, const float*, const float*, const float*,
-                                    float*, float*, float*);
+template void dense_backward<float>(int, int, int, const float*, const float*, const float*, float*,
+                                    float*, float*);
 template void dense_backward<double>(int, int, int, const double*, const double*, const double*,
                                      double*, double*, double*);
 

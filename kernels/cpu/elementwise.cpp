@@ -6,22 +6,25 @@
 
 namespace ht::cpu {
 
+// Below this many elements a parallel region costs more than it saves.
+constexpr size_t kParallelMin = 1 << 15;
+
 template <class T>
 void relu_forward(size_t n, const T* x, T* y) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (size_t i = 0; i < n; ++i) y[i] = x[i] < T(0) ? T(0) : x[i];  // NaN passes, as torch
 }
 
 template <class T>
 void relu_backward(size_t n, const T* y, const T* dy, T* dx) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (size_t i = 0; i < n; ++i) dx[i] = y[i] <= T(0) ? T(0) : dy[i];  // torch's test
 }
 
 template <class T>
 void global_avg_sum(int n, int c, long hw, const T* x, double* sums) {
   const long planes = long(n) * c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
   for (long p = 0; p < planes; ++p) {
     const T* xp = x + size_t(p) * hw;
     double acc = 0;
@@ -39,7 +42,7 @@ void global_avg_sum(int n, int c, long hw, const T* x, double* sums) {
 template <class T>
 void global_avg_backward(int n, int c, long hw, const T* dy, double scale, T* dx) {
   const long planes = long(n) * c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
   for (long p = 0; p < planes; ++p) {
     const T v = T(double(dy[p]) * scale);
     T* out = dx + size_t(p) * hw;
@@ -52,9 +55,9 @@ namespace {
 void check_rect(int h, int w, int row0, int col0, int rows, int cols) {
   if (row0 < 0 || col0 < 0 || rows < 0 || cols < 0 || row0 + rows > h || col0 + cols > w)
     throw std::out_of_range("rect rows [" + std::to_string(row0) + "," +
-                            std::to_string(row0 + rows) + ") cols [" + std::to_string(col0) +
-                            "," + std::to_string(col0 + cols) + ") outside " + std::to_string(h) +
-                            "x" + std::to_string(w));
+                            std::to_string(row0 + rows) + ") cols [" + std::to_string(col0) + "," +
+                            std::to_string(col0 + cols) + ") outside " + std::to_string(h) + "x" +
+                            std::to_string(w));
 }
 
 enum class Op { kPack, kUnpack, kUnpackAdd };
@@ -66,7 +69,7 @@ void rect(Op op, const T* packed_in, const T* src, T* packed_out, T* dst, int n,
   check_rect(h, w, row0, col0, rows, cols);
   const long planes = long(n) * c;
   const size_t plane = size_t(h) * w, pplane = size_t(rows) * cols;
-#pragma omp parallel for schedule(static) if (planes * pplane > 32768)
+#pragma omp parallel for schedule(static) if (planes * pplane > kParallelMin)
   for (long p = 0; p < planes; ++p)
     for (int r = 0; r < rows; ++r) {
       const size_t t = size_t(p) * plane + size_t(row0 + r) * w + col0;
@@ -89,8 +92,8 @@ void pack_rect(const T* src, int n, int c, int src_h, int src_w, int row0, int c
   rect<T>(Op::kPack, nullptr, src, packed, nullptr, n, c, src_h, src_w, row0, col0, rows, cols);
 }
 template <class T>
-void unpack_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0,
-                 int rows, int cols, T* dst) {
+void unpack_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0, int rows,
+                 int cols, T* dst) {
   rect<T>(Op::kUnpack, packed, nullptr, nullptr, dst, n, c, dst_h, dst_w, row0, col0, rows, cols);
 }
 template <class T>
@@ -100,13 +103,13 @@ void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int ro
           cols);
 }
 
-#define HT_EW_INST(T)                                                                          \
-  template void relu_forward<T>(size_t, const T*, T*);                                        \
-  template void relu_backward<T>(size_t, const T*, const T*, T*);                             \
-  template void global_avg_sum<T>(int, int, long, const T*, double*);                         \
-  template void global_avg_backward<T>(int, int, long, const T*, double, T*);                 \
-  template void pack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);           \
-  template void unpack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);         \
+#define HT_EW_INST(T)                                                                 \
+  template void relu_forward<T>(size_t, const T*, T*);                                \
+  template void relu_backward<T>(size_t, const T*, const T*, T*);                     \
+  template void global_avg_sum<T>(int, int, long, const T*, double*);                 \
+  template void global_avg_backward<T>(int, int, long, const T*, double, T*);         \
+  template void pack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);   \
+  template void unpack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*); \
   template void unpack_add_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);
 HT_EW_INST(float)
 HT_EW_INST(double)

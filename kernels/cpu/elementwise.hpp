@@ -26,8 +26,8 @@ void pack_rect(const T* src, int n, int c, int src_h, int src_w, int row0, int c
                int cols, T* packed);
 // dst rectangle = packed.
 template <class T>
-void unpack_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0,
-                 int rows, int cols, T* dst);
+void unpack_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0, int rows,
+                 int cols, T* dst);
 // dst rectangle += packed (the backward of a halo exchange sums into the owner).
 template <class T>
 void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int row0, int col0,

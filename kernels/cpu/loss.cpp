@@ -12,9 +12,8 @@ double softmax_xent(int n, int k, const T* logits, const int32_t* labels, double
                     T* grad) {
   for (int i = 0; i < n; ++i)
     if (labels[i] < 0 || labels[i] >= k)
-      throw std::out_of_range("softmax_xent: label " + std::to_string(labels[i]) +
-                              " of sample " + std::to_string(i) + " outside [0, " +
-                              std::to_string(k) + ")");
+      throw std::out_of_range("softmax_xent: label " + std::to_string(labels[i]) + " of sample " +
+                              std::to_string(i) + " outside [0, " + std::to_string(k) + ")");
   double total = 0;
   for (int i = 0; i < n; ++i) {
     const T* z = logits + size_t(i) * k;
@@ -60,9 +59,9 @@ double mse(size_t count, const T* pred, const T* target, double grad_scale, T* g
   return total;
 }
 
-#define HT_LOSS_INST(T)                                                                     \
-  template double softmax_xent<T>(int, int, const T*, const int32_t*, double, T*);         \
-  template double sigmoid_bce<T>(size_t, const T*, const T*, double, T*);                  \
+#define HT_LOSS_INST(T)                                                            \
+  template double softmax_xent<T>(int, int, const T*, const int32_t*, double, T*); \
+  template double sigmoid_bce<T>(size_t, const T*, const T*, double, T*);          \
   template double mse<T>(size_t, const T*, const T*, double, T*);
 HT_LOSS_INST(float)
 HT_LOSS_INST(double)

@@ -15,10 +15,10 @@ constexpr long kBlock = 1024;  // elements summed in T before going to double
 // Runs `plane(p, out2)` for every (n, c) plane into a private pair of doubles, then adds
 // the pairs to a[c], b[c] in plane order.
 template <class F>
-void reduce_planes(int n, int c, double* a, double* b, F plane) {
+void reduce_planes(int n, int c, long hw, double* a, double* b, F plane) {
   const long planes = long(n) * c;
   std::vector<double> part(size_t(planes) * 2, 0.0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) plane(p, &part[size_t(p) * 2]);
   for (long p = 0; p < planes; ++p) {
     a[p % c] += part[size_t(p) * 2];
@@ -30,7 +30,7 @@ void reduce_planes(int n, int c, double* a, double* b, F plane) {
 
 template <class T>
 void channel_sum(int n, int c, long hw, const T* x, double* sum) {
-  reduce_planes(n, c, sum, nullptr, [&](long p, double* out) {
+  reduce_planes(n, c, hw, sum, nullptr, [&](long p, double* out) {
     const T* xp = x + size_t(p) * hw;
     for (long i0 = 0; i0 < hw; i0 += kBlock) {
       const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
@@ -44,7 +44,7 @@ void channel_sum(int n, int c, long hw, const T* x, double* sum) {
 
 template <class T>
 void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out_sum) {
-  reduce_planes(n, c, out_sum, nullptr, [&](long p, double* out) {
+  reduce_planes(n, c, hw, out_sum, nullptr, [&](long p, double* out) {
     const T* xp = x + size_t(p) * hw;
     const T m = T(mean[p % c]);
     for (long i0 = 0; i0 < hw; i0 += kBlock) {
@@ -61,7 +61,7 @@ template <class T>
 void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
                       const T* gamma, const T* beta, T* y) {
   const long planes = long(n) * c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const int ch = int(p % c);
     const T m = T(mean[ch]), s = T(double(gamma[ch]) * invstd[ch]), b = beta[ch];
@@ -76,7 +76,7 @@ template <class T>
 void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
                       const double* invstd, double* sum_dy, double* sum_dy_xhat) {
   std::vector<double> sdx(c, 0.0);
-  reduce_planes(n, c, sum_dy, sdx.data(), [&](long p, double* out) {
+  reduce_planes(n, c, hw, sum_dy, sdx.data(), [&](long p, double* out) {
     const T* dp = dy + size_t(p) * hw;
     const T* xp = x + size_t(p) * hw;
     const T m = T(mean[p % c]);
@@ -101,7 +101,7 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
                        const double* invstd, const T* gamma, const double* sum_dy,
                        const double* sum_dy_xhat, double count, T* dx) {
   const long planes = long(n) * c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const int ch = int(p % c);
     // dx = k*dy + a*(x-mean) + b  with the per-channel constants below.
@@ -116,15 +116,15 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
   }
 }
 
-#define HT_NORM_INST(T)                                                                        \
-  template void channel_sum<T>(int, int, long, const T*, double*);                            \
-  template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);      \
-  template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*,   \
-                                    const T*, const T*, T*);                                  \
-  template void bn_backward_sums<T>(int, int, long, const T*, const T*, const double*,        \
-                                    const double*, double*, double*);                         \
-  template void bn_backward_apply<T>(int, int, long, const T*, const T*, const double*,       \
-                                     const double*, const T*, const double*, const double*,   \
+#define HT_NORM_INST(T)                                                                     \
+  template void channel_sum<T>(int, int, long, const T*, double*);                          \
+  template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);    \
+  template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*, \
+                                    const T*, const T*, T*);                                \
+  template void bn_backward_sums<T>(int, int, long, const T*, const T*, const double*,      \
+                                    const double*, double*, double*);                       \
+  template void bn_backward_apply<T>(int, int, long, const T*, const T*, const double*,     \
+                                     const double*, const T*, const double*, const double*, \
                                      double, T*);
 HT_NORM_INST(float)
 HT_NORM_INST(double)

@@ -60,7 +60,7 @@ void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const T* xp = x + size_t(p) * g.hin * g.win;
     T* yp = y + size_t(p) * ho * wo;
@@ -77,7 +77,7 @@ void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const T* xp = x + size_t(p) * g.hin * g.win;
     const T* dyp = dy + size_t(p) * ho * wo;
@@ -96,7 +96,7 @@ void avg_pool_forward(const PoolGeom& g, const T* x, T* y) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const T* xp = x + size_t(p) * g.hin * g.win;
     T* yp = y + size_t(p) * ho * wo;
@@ -118,7 +118,7 @@ void avg_pool_backward(const PoolGeom& g, const T* dy, T* dx) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const T* dyp = dy + size_t(p) * ho * wo;
     T* dxp = dx + size_t(p) * g.hin * g.win;

@@ -1,9 +1,9 @@
 // Max and average pooling on NCHW tensors, floor mode, asymmetric padding.
 #pragma once
 
-#include "kernels/geometry.hpp"
-
 #include <cstddef>
+
+#include "kernels/geometry.hpp"
 
 namespace ht::cpu {
 

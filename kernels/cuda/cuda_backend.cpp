@@ -305,14 +305,16 @@ void CudaBackend::sgd_step(size_t n, float* w, const float* g, float* v, float l
   launch_sgd_step(n, w, g, momentum == 0.0f ? nullptr : v, lr, momentum);
 }
 
-void CudaBackend::adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr, float beta1,
-                            float beta2, float eps, int64_t step) {
+void CudaBackend::adam_step(size_t n, float* w, const float* g, float* m, float* v, double lr, double beta1,
+                            double beta2, double eps, int64_t step) {
   if (step < 1) throw std::invalid_argument("adam_step: step must be >= 1");
   bind();
   // Bias corrections in double (Python floats in torch), then cast for the float math.
-  const double bc1 = 1.0 - std::pow(double(beta1), double(step));
-  const double bc2 = 1.0 - std::pow(double(beta2), double(step));
-  launch_adam_step(n, w, g, m, v, beta1, beta2, eps, float(double(lr) / bc1), float(std::sqrt(bc2)));
+  const double bc1 = 1.0 - std::pow(beta1, double(step));
+  const double bc2 = 1.0 - std::pow(beta2, double(step));
+  const AdamScalars s{float(beta1),    float(1.0 - beta1),  float(beta2),          float(1.0 - beta2),
+                      float(eps),      float(lr / bc1),     float(std::sqrt(bc2))};
+  launch_adam_step(n, w, g, m, v, s);
 }
 
 }  // namespace ht::cuda

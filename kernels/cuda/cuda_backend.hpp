@@ -81,8 +81,8 @@ class CudaBackend final : public ComputeBackend {
   double mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad) override;
 
   void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) override;
-  void adam_step(size_t n, float* w, const float* g, float* m, float* v, float lr, float beta1, float beta2,
-                 float eps, int64_t step) override;
+  void adam_step(size_t n, float* w, const float* g, float* m, float* v, double lr, double beta1,
+                 double beta2, double eps, int64_t step) override;
 
   void synchronize() override;
 

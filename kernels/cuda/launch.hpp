@@ -72,8 +72,11 @@ void launch_mse(size_t count, const float* pred, const float* targets, double gr
 
 // optim.cu: PyTorch semantics (see CudaBackend::adam_step).
 void launch_sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum);
-void launch_adam_step(size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
-                      float eps, float step_size, float bias_correction2_sqrt);
+// Scalars formed in double and cast once, as torch casts its Python floats.
+struct AdamScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, bias_correction2_sqrt;
+};
+void launch_adam_step(size_t n, float* w, const float* g, float* m, float* v, const AdamScalars& s);
 
 // comm.cu: out[i] = sum over r in rank order of gathered[r * len + i], in float from zero.
 void launch_sum_ranks(const float* gathered, int ranks, size_t len, float* out, cudaStream_t stream);

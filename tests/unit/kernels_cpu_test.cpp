@@ -3,6 +3,7 @@
 // formula or hand-computed values, so a wrong forward cannot hide behind a consistent
 // backward.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -71,8 +72,8 @@ void check_grad(const std::string& what, Vec& p, const Vec& analytic,
 std::string str(const ConvGeom& g) {
   char b[256];
   std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n,
-                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h,
-                g.dil_w, g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
+                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h, g.dil_w,
+                g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
   return b;
 }
 
@@ -215,8 +216,8 @@ TEST(ConvCpu, RejectsBadGeometry) {
 
 // ---------------------------------------------------------------------------- pool
 
-PoolGeom pgeom(int n, int c, int h, int w, int kh, int kw, int sh, int sw, int pt, int pb,
-               int pl, int pr) {
+PoolGeom pgeom(int n, int c, int h, int w, int kh, int kw, int sh, int sw, int pt, int pb, int pl,
+               int pr) {
   PoolGeom g;
   g.n = n, g.c = c, g.hin = h, g.win = w, g.kh = kh, g.kw = kw, g.stride_h = sh, g.stride_w = sw;
   g.pad_top = pt, g.pad_bottom = pb, g.pad_left = pl, g.pad_right = pr;
@@ -243,10 +244,13 @@ TEST(PoolCpu, MaxGradientCheck) {
     Vec x = distinct_vec(g.x_size(), rng), r = random_vec(g.y_size(), rng), y(g.y_size());
     Vec dx(g.x_size(), 1e3);
     max_pool_backward<double>(g, x.data(), r.data(), dx.data());
-    check_grad("maxpool dx", x, dx, [&] {
-      max_pool_forward<double>(g, x.data(), y.data());
-      return dotv(y, r);
-    }, 1e-6);
+    check_grad(
+        "maxpool dx", x, dx,
+        [&] {
+          max_pool_forward<double>(g, x.data(), y.data());
+          return dotv(y, r);
+        },
+        1e-6);
   }
 }
 
@@ -329,8 +333,7 @@ struct Bn {
                              invstd.data(), dbeta.data(), dgamma.data());
     Vec dx(x.size(), 1e3);
     bn_backward_apply<double>(n, c, hw, dy.data(), x.data(), mean.data(), invstd.data(),
-                              gamma.data(), dbeta.data(), dgamma.data(), double(n) * hw,
-                              dx.data());
+                              gamma.data(), dbeta.data(), dgamma.data(), double(n) * hw, dx.data());
     return dx;
   }
 };
@@ -450,8 +453,7 @@ TEST(DenseCpu, GradientCheck) {
     return dotv(y, r);
   };
   Vec dx(x.size(), 1e3), dW(W.size(), 1e3), db(out, 1e3);
-  dense_backward<double>(n, in, out, x.data(), W.data(), r.data(), dx.data(), dW.data(),
-                         db.data());
+  dense_backward<double>(n, in, out, x.data(), W.data(), r.data(), dx.data(), dW.data(), db.data());
   check_grad("dense dx", x, dx, loss);
   check_grad("dense dW", W, dW, loss);
   check_grad("dense db", b, db, loss);
@@ -465,7 +467,8 @@ TEST(LossCpu, SoftmaxXent) {
   Vec z = random_vec(n * k, rng, -3, 3), g(z.size());
   std::vector<int32_t> labels = {0, 2, 1, 2};
   softmax_xent<double>(n, k, z.data(), labels.data(), 1.0, g.data());
-  check_grad("xent", z, g, [&] { return softmax_xent<double>(n, k, z.data(), labels.data(), 1, nullptr); });
+  check_grad("xent", z, g,
+             [&] { return softmax_xent<double>(n, k, z.data(), labels.data(), 1, nullptr); });
   Vec eq(6, 0.7);  // equal logits: log k per sample
   EXPECT_NEAR(softmax_xent<double>(2, 3, eq.data(), labels.data(), 1, nullptr), 2 * std::log(3.0),
               1e-12);
@@ -483,7 +486,8 @@ TEST(LossCpu, SigmoidBce) {
   Vec x = random_vec(20, rng, -4, 4), t(20), g(20);
   for (size_t i = 0; i < t.size(); ++i) t[i] = i % 3 == 0;
   sigmoid_bce<double>(x.size(), x.data(), t.data(), 1.0, g.data());
-  check_grad("bce", x, g, [&] { return sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr); });
+  check_grad("bce", x, g,
+             [&] { return sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr); });
   // Against the textbook form where it is safe, and finite where it is not.
   double want = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -507,6 +511,62 @@ TEST(LossCpu, Mse) {
   Vec g2(15);
   mse<double>(p.size(), p.data(), t.data(), 0.1, g2.data());
   EXPECT_NEAR(g2[3], 0.2 * (p[3] - t[3]), 1e-15);
+}
+
+// ---------------------------------------------------------------------------- threads
+
+// Small shapes above run on one thread (parallel regions are skipped below a size), so
+// here shapes big enough to go parallel are run with 1 and 3 threads: a race or a wrong
+// partition shows as a difference. Only the weight gradient may differ in rounding (its
+// per-thread partial sums are added in thread order).
+TEST(ParallelCpu, MatchesSingleThread) {
+  std::mt19937_64 rng(15);
+  const ConvGeom g = geom(2, 4, 41, 37, 5, 3, 3, 2, 1, 1, 2, 1, 0, 2, 1);
+  const PoolGeom pg = pgeom(2, 5, 61, 58, 3, 3, 2, 2, 1, 0, 0, 1);
+  const int bn_n = 2, bn_c = 5;
+  const long bn_hw = 61 * 58;
+  Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng), b = random_vec(5, rng),
+      dy = random_vec(g.y_size(), rng), px = random_vec(pg.x_size(), rng),
+      pdy = random_vec(pg.y_size(), rng), pdx = random_vec(pg.x_size(), rng), mean = random_vec(bn_c, rng, -0.1, 0.1),
+      invstd = random_vec(bn_c, rng, 0.5, 2), gamma = random_vec(bn_c, rng);
+  ASSERT_GT(pg.x_size(), size_t(1) << 15);
+  auto run = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<Vec> r;
+    auto add = [&](size_t n) -> double* { return r.emplace_back(n, 0.0).data(); };
+    conv2d_forward<double>(g, x.data(), w.data(), b.data(), add(g.y_size()));
+    conv2d_backward_data<double>(g, dy.data(), w.data(), add(g.x_size()));
+    conv2d_backward_weights<double>(g, x.data(), dy.data(), add(g.w_size()), add(5));
+    max_pool_forward<double>(pg, px.data(), add(pg.y_size()));
+    max_pool_backward<double>(pg, px.data(), pdy.data(), add(pg.x_size()));
+    avg_pool_forward<double>(pg, px.data(), add(pg.y_size()));
+    avg_pool_backward<double>(pg, pdy.data(), add(pg.x_size()));
+    channel_sum<double>(bn_n, bn_c, bn_hw, px.data(), add(bn_c));
+    channel_sq_dev_sum<double>(bn_n, bn_c, bn_hw, px.data(), mean.data(), add(bn_c));
+    bn_forward_apply<double>(bn_n, bn_c, bn_hw, px.data(), mean.data(), invstd.data(),
+                             gamma.data(), gamma.data(), add(px.size()));
+    double* sdy = add(bn_c);
+    double* sdyx = add(bn_c);
+    bn_backward_sums<double>(bn_n, bn_c, bn_hw, px.data(), px.data(), mean.data(),
+                             invstd.data(), sdy, sdyx);
+    bn_backward_apply<double>(bn_n, bn_c, bn_hw, px.data(), px.data(), mean.data(),
+                              invstd.data(), gamma.data(), sdy, sdyx, 1e4, add(px.size()));
+    relu_forward<double>(px.size(), px.data(), add(px.size()));
+    relu_backward<double>(px.size(), px.data(), pdx.data(), add(px.size()));
+    global_avg_sum<double>(bn_n, bn_c, bn_hw, px.data(), add(bn_n * bn_c));
+    global_avg_backward<double>(bn_n, bn_c, bn_hw, mean.data(), 0.5, add(px.size()));
+    return r;
+  };
+  const int saved = omp_get_max_threads();
+  const std::vector<Vec> one = run(1), three = run(3);
+  omp_set_num_threads(saved);
+  ASSERT_EQ(one.size(), three.size());
+  for (size_t k = 0; k < one.size(); ++k) {
+    const bool rounding = k == 2 || k == 3;  // conv dw, db
+    for (size_t i = 0; i < one[k].size(); ++i)
+      ASSERT_NEAR(one[k][i], three[k][i], rounding ? 1e-12 * (1 + std::fabs(one[k][i])) : 0)
+          << "output " << k << " element " << i;
+  }
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 // /usr/bin/python3 has torch, a few kernels against PyTorch itself.
 #include <gtest/gtest.h>
 #include <omp.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -46,8 +45,8 @@ void expect_close(const char* what, const VecF& a, const Vec& r, double atol, do
     const double ex = std::fabs(a[i] - r[i]) - (atol + rtol * std::fabs(r[i]));
     if (ex > worst || std::isnan(a[i])) worst = std::isnan(a[i]) ? 1 : ex, wi = i;
   }
-  EXPECT_LE(worst, 0.0) << what << " " << ctx << ": element " << wi << " got " << a[wi]
-                        << " want " << r[wi];
+  EXPECT_LE(worst, 0.0) << what << " " << ctx << ": element " << wi << " got " << a[wi] << " want "
+                        << r[wi];
 }
 
 ConvGeom geom(int n, int cin, int h, int w, int cout, int kh, int kw, int sh, int sw, int dh,
@@ -62,8 +61,8 @@ ConvGeom geom(int n, int cin, int h, int w, int cout, int kh, int kw, int sh, in
 std::string str(const ConvGeom& g) {
   char b[256];
   std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n,
-                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h,
-                g.dil_w, g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
+                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h, g.dil_w,
+                g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
   return b;
 }
 
@@ -93,8 +92,8 @@ std::vector<ConvGeom> dnnl_geoms() {
 void check_dnnl(const ConvGeom& g, std::mt19937_64& rng, bool with_bias) {
   const std::string ctx = str(g) + (with_bias ? " bias" : " no-bias") + " threads " +
                           std::to_string(omp_get_max_threads());
-  Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng),
-      b = random_vec(g.cout, rng), dy = random_vec(g.y_size(), rng);
+  Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng), b = random_vec(g.cout, rng),
+      dy = random_vec(g.y_size(), rng);
   Vec y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(g.cout);
   conv2d_forward<double>(g, x.data(), w.data(), with_bias ? b.data() : nullptr, y.data());
   conv2d_backward_data<double>(g, dy.data(), w.data(), dx.data());
@@ -137,8 +136,7 @@ TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
     Vec y(g.y_size()), dw(g.w_size());
     conv2d_forward<double>(g, x.data(), w.data(), nullptr, y.data());
     conv2d_backward_weights<double>(g, x.data(), dy.data(), dw.data(), nullptr);
-    VecF xf = to_float(x), wf = to_float(w), dyf = to_float(dy), yf(y.size(), 9),
-         dwf(dw.size(), 9);
+    VecF xf = to_float(x), wf = to_float(w), dyf = to_float(dy), yf(y.size(), 9), dwf(dw.size(), 9);
     conv.forward(xf.data(), wf.data(), nullptr, yf.data());
     conv.backward_weights(xf.data(), dyf.data(), dwf.data(), nullptr);
     expect_close("y", yf, y, 1e-4, 1e-4, "rep " + std::to_string(rep));
@@ -225,7 +223,8 @@ put("conv_y", y); put("conv_dx", x.grad); put("conv_dw", wt.grad); put("conv_db"
 # pools: plane 2x3x7x8, window 3, stride 2, padding 1
 for kind in ("max", "avg"):
     x = leaf("pool_x", (2,3,7,8))
-    y = F.max_pool2d(x, 3, 2, 1) if kind == "max" else F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)
+    y = F.max_pool2d(x, 3, 2, 1) if kind == "max" else \
+        F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)
     y.backward(get("pool_dy").reshape(y.shape))
     put(kind + "_y", y); put(kind + "_dx", x.grad)
 # batch norm, training mode
@@ -234,9 +233,11 @@ y = F.batch_norm(x, None, None, g, bb, training=True, eps=1e-3)
 y.backward(get("bn_dy").reshape(y.shape))
 put("bn_y", y); put("bn_dx", x.grad); put("bn_dg", g.grad); put("bn_db", bb.grad)
 # losses (sums)
-z = leaf("xent_z", (5,4)); l = F.cross_entropy(z, get("xent_l").long(), reduction="sum"); l.backward()
+z = leaf("xent_z", (5,4))
+l = F.cross_entropy(z, get("xent_l").long(), reduction="sum"); l.backward()
 put("xent_loss", l.reshape(1)); put("xent_g", z.grad)
-z = leaf("bce_z", (30,)); l = F.binary_cross_entropy_with_logits(z, get("bce_t"), reduction="sum"); l.backward()
+z = leaf("bce_z", (30,))
+l = F.binary_cross_entropy_with_logits(z, get("bce_t"), reduction="sum"); l.backward()
 put("bce_loss", l.reshape(1)); put("bce_g", z.grad)
 # optimizers in float32, three steps
 for kind in ("adam", "sgd"):
@@ -325,8 +326,8 @@ void check_batch_norm(const TorchOracle& o) {
   for (int i = 0; i < c; ++i) invstd[i] = 1 / std::sqrt(sq[i] / count + 1e-3);
   bn_forward_apply<double>(n, c, hw, x.data(), mean.data(), invstd.data(), g.data(), b.data(),
                            y.data());
-  bn_backward_sums<double>(n, c, hw, dy.data(), x.data(), mean.data(), invstd.data(),
-                           sdy.data(), sdyx.data());
+  bn_backward_sums<double>(n, c, hw, dy.data(), x.data(), mean.data(), invstd.data(), sdy.data(),
+                           sdyx.data());
   bn_backward_apply<double>(n, c, hw, dy.data(), x.data(), mean.data(), invstd.data(), g.data(),
                             sdy.data(), sdyx.data(), count, dx.data());
   near("bn y", y, o.out("bn_y"));
@@ -366,11 +367,10 @@ TEST(TorchOracle, KernelsMatchPyTorch) {
   TorchOracle o;
   std::mt19937_64 rng(31);
   const ConvGeom cg = geom(2, 3, 9, 10, 4, 3, 2, 2, 1, 2, 1, 2, 0, 1, 3);
-  o.put("conv_geom", {double(cg.n), double(cg.cin), double(cg.hin), double(cg.win),
-                      double(cg.cout), double(cg.kh), double(cg.kw), double(cg.stride_h),
-                      double(cg.stride_w), double(cg.dil_h), double(cg.dil_w),
-                      double(cg.pad_top), double(cg.pad_bottom), double(cg.pad_left),
-                      double(cg.pad_right)});
+  o.put("conv_geom", {double(cg.n), double(cg.cin), double(cg.hin), double(cg.win), double(cg.cout),
+                      double(cg.kh), double(cg.kw), double(cg.stride_h), double(cg.stride_w),
+                      double(cg.dil_h), double(cg.dil_w), double(cg.pad_top), double(cg.pad_bottom),
+                      double(cg.pad_left), double(cg.pad_right)});
   o.put("conv_x", random_vec(cg.x_size(), rng));
   o.put("conv_w", random_vec(cg.w_size(), rng));
   o.put("conv_b", random_vec(cg.cout, rng));
