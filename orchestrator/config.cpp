@@ -432,4 +432,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text.str(), path, overrides);
 }
 
+std::optional<int64_t> slurm_time_seconds(const std::string& text) { return slurm_seconds(text); }
+
 }  // namespace ht

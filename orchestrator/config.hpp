@@ -158,4 +158,8 @@ std::string format_size(uint64_t bytes);  // "11.17 GiB" style
 // The config with every default filled in, as YAML (logged once at start).
 std::string to_yaml(const Config& config);
 
+// Seconds of a Slurm time limit (slurm.time): -1 for UNLIMITED/INFINITE; nullopt when
+// Slurm would reject the text.
+std::optional<int64_t> slurm_time_seconds(const std::string& text);
+
 }  // namespace ht

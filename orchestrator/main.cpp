@@ -2,7 +2,11 @@
 // message), 2 internal error, 3 stopped for requeue.
 #include <mpi.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <iostream>
 
 #include "orchestrator/memory_model.hpp"
@@ -10,6 +14,7 @@
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
+#include "worker/signals.hpp"
 #include "worker/synthetic_data.hpp"
 #include "worker/tensor.hpp"
 #include "worker/trainer.hpp"
@@ -33,8 +38,34 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
   return 0;
 }
 
+char** g_argv = nullptr;
+
+// `recycle.mode: restart` outside Slurm/MPI: this process supervises a child that trains,
+// exits 3 at each recycle point after a checkpoint, and is started again to resume.
+int relaunch_until_done() {
+  for (int launches = 1;; ++launches) {
+    const pid_t child = fork();
+    if (child < 0) throw std::runtime_error("fork failed");
+    if (child == 0) {
+      setenv("HALOTRAIN_SUPERVISED", "1", 1);
+      execv("/proc/self/exe", g_argv);
+      _exit(2);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 2;
+    if (code != 3) return code;
+    log().info("recycle: worker process {} exited for restart; starting it again", launches);
+  }
+}
+
 int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
   Config config = load_config(path, sets);
+  if (config.recycle.mode == RecycleMode::Restart && config.recycle.every_steps > 0 && !launched_by_mpi() &&
+      !std::getenv("HALOTRAIN_SUPERVISED"))
+    return relaunch_until_done();
+  install_stop_handlers(config.slurm.signal);
   log().info("config {} (resolved):\n{}", path, to_yaml(config));
   const TrainSummary s = run_training(config);
   log().info("trained {} steps, final loss {:.6f}, peak device memory {:.1f} MiB; checkpoint {}", s.steps,
@@ -96,6 +127,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  g_argv = argv;
   const bool use_mpi = ht::launched_by_mpi() && argc > 1 && std::string(argv[1]) == "train";
   int world = 1;
   if (use_mpi) {
@@ -114,13 +146,17 @@ int main(int argc, char** argv) {
   } catch (const ht::TrainingDiverged& e) {
     ht::log().error("{}", e.what());
     code = 1;
+  } catch (const ht::StopRequested& e) {
+    ht::log().info("{}", e.what());
+    code = 3;
   } catch (const std::exception& e) {
     ht::log().error("internal error: {}", e.what());
     code = 2;
   }
   if (use_mpi) {
     // A failed rank takes the job down at once, so no other rank waits in a collective.
-    if (code != 0 && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    // Exit 3 is agreed by all ranks at a step boundary, so it finalizes normally.
+    if ((code == 1 || code == 2) && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     MPI_Finalize();
   }
   return code;

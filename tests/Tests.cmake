@@ -24,3 +24,9 @@ foreach(spec "4;1;4;67;41" "4;4;1;41;67" "4;2;2;53;47" "6;3;2;71;45" "8;2;2;53;4
            COMMAND ${HT_MPIRUN} -np ${np} $<TARGET_FILE:halo_mpi_test> ${rows} ${cols} ${h} ${w})
   set_tests_properties(halo_mpi_np${np}_grid${rows}x${cols} PROPERTIES LABELS mpi TIMEOUT 120)
 endforeach()
+
+# One rank killed: the job ends non-zero within 60 s.
+add_test(NAME mpi_kill_one_rank
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_rank.sh $<TARGET_FILE:halotrain> ${MPIEXEC_EXECUTABLE}
+                 ${CMAKE_BINARY_DIR}/kill-rank)
+set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)

@@ -17,7 +17,7 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n, 
 }
 
 BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend)
-    : config_(config), plan_(plan), rank_(rank), backend_(backend) {
+    : config_(config), plan_(plan), rank_(rank), backend_(&backend) {
   reader_ = std::make_unique<DataReader>(config.data.train, data_reader_options(config, plan.model));
   const bool spatial_out = plan.model.spatial_layers == int(plan.model.layers.size());
   if (spatial_out && !reader_->has_masks())
@@ -57,7 +57,7 @@ Batch BatchSource::load(int64_t step) {
   const Rect tile = plan_.owned_image(rank_);
   const int c = plan_.model.input.c;
   Batch batch;
-  batch.images = Tensor(backend_.allocator(), b, c, tile.rows.size(), tile.cols.size(), "input tile");
+  batch.images = Tensor(backend_->allocator(), b, c, tile.rows.size(), tile.cols.size(), "input tile");
   const size_t image_elems = size_t(c) * tile.area();
   std::vector<float> host(image_elems);
   const bool spatial_out = plan_.model.spatial_layers == int(plan_.model.layers.size());
@@ -69,7 +69,7 @@ Batch BatchSource::load(int64_t step) {
     const int64_t sample = sample_at(position);
     batch.samples.push_back(sample);
     reader_->read_image_tile(sample, tile, float(config_.data.scale), host.data());
-    backend_.from_host(batch.images.data() + i * image_elems, host.data(), image_elems * sizeof(float));
+    backend_->from_host(batch.images.data() + i * image_elems, host.data(), image_elems * sizeof(float));
     if (spatial_out) {
       std::vector<float> mask(size_t(out_tile.area()));
       reader_->read_mask_tile(sample, out_tile, mask.data());
@@ -88,10 +88,10 @@ Batch BatchSource::load(int64_t step) {
     }
   }
   if (spatial_out)
-    batch.targets = Tensor(backend_.allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
+    batch.targets = Tensor(backend_->allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
   else
-    batch.targets = Tensor(backend_.allocator(), b, out.c, 1, 1, "targets");
-  backend_.from_host(batch.targets.data(), targets.data(), targets.size() * sizeof(float));
+    batch.targets = Tensor(backend_->allocator(), b, out.c, 1, 1, "targets");
+  backend_->from_host(batch.targets.data(), targets.data(), targets.size() * sizeof(float));
   return batch;
 }
 

@@ -31,6 +31,8 @@ class BatchSource {
   int64_t samples() const;  // images in the file
   int64_t epoch_of_step(int64_t step) const;
   Batch load(int64_t step);
+  // Points at the backend again after the trainer rebuilt its device state.
+  void rebind(ComputeBackend* backend) { backend_ = backend; }
 
  private:
   int64_t sample_at(int64_t position);
@@ -38,7 +40,7 @@ class BatchSource {
   const Config& config_;
   const ShardPlan& plan_;
   int rank_;
-  ComputeBackend& backend_;
+  ComputeBackend* backend_;
   std::unique_ptr<DataReader> reader_;
   int64_t cached_epoch_ = -1;
   std::vector<int64_t> permutation_;

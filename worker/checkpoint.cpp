@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
@@ -155,6 +156,119 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
     }
   }
   log().info("{}: loaded {} layers", where, pairs.size());
+}
+
+}  // namespace ht
+
+namespace ht {
+
+namespace {
+
+// ckpt-<step>.h5 files of run_dir/checkpoints, newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  if (!fs::is_directory(dir)) return found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
+    try {
+      found.emplace_back(std::stoll(name.substr(5)), e.path());
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(found.rbegin(), found.rend());
+  return found;
+}
+
+// "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
+std::string checkpoint_problem(const std::string& path) {
+  try {
+    KerasWeightsFile f(path);
+    if (!f.has_halotrain()) return "it has no /halotrain state (a plain Keras weights file)";
+    if (!f.verify_checksum()) return "its checksum does not verify (torn or corrupted)";
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+std::string find_resume_checkpoint(const Config& config, bool verbose) {
+  const std::string& mode = config.checkpoint.resume;
+  if (mode == "never") return "";
+  if (mode != "auto") {
+    if (!fs::exists(mode)) throw ConfigError(fmt::format("checkpoint.resume {}: no such file", mode));
+    const std::string problem = checkpoint_problem(mode);
+    if (!problem.empty()) throw ConfigError(fmt::format("checkpoint.resume {}: {}", mode, problem));
+    return mode;
+  }
+  std::vector<std::string> skipped;
+  for (const auto& [step, path] : list_checkpoints(fs::path(config.run_dir) / "checkpoints")) {
+    const std::string problem = checkpoint_problem(path.string());
+    if (problem.empty()) {
+      if (verbose && !skipped.empty())
+        log().warn("resume: using {} instead of the newer {}", path.string(), fmt::join(skipped, ", "));
+      return path.string();
+    }
+    if (verbose) log().warn("resume: skipping {}: {}", path.string(), problem);
+    skipped.push_back(path.string());
+  }
+  if (verbose && !skipped.empty()) log().warn("resume: no valid checkpoint in {}; starting fresh", config.run_dir);
+  return "";
+}
+
+TrainingProgress load_checkpoint(const std::string& path, const Config& config, const ModelSpec& model,
+                                 ParamStore& params, OptimizerState& optimizer, ComputeBackend& backend,
+                                 bool verbose) {
+  KerasWeightsFile file(path);
+  const HalotrainState state = file.read_state();
+  const std::string hash = model_hash(model);
+  if (state.model_hash != hash)
+    throw ConfigError(fmt::format(
+        "checkpoint {} was written for another model (model hash {}, this config's is {}): the layers and "
+        "model.input cannot change on resume; set checkpoint.resume: never or use a new run_dir",
+        path, state.model_hash, hash));
+  if (verbose) {
+    // Allowed changes (steps, learning rate, checkpoint.*, ...) are logged, key by key.
+    try {
+      const Config before = parse_config(state.config_text, path);
+      std::istringstream a(to_yaml(before)), b(to_yaml(config));
+      std::string la, lb;
+      while (std::getline(a, la) && std::getline(b, lb))
+        if (la != lb) log().info("resume: config changed since {}: '{}' -> '{}'", path, la, lb);
+    } catch (const std::exception&) {
+      log().info("resume: the config stored in {} no longer parses; not comparing", path);
+    }
+  }
+  std::vector<float> buffer;
+  for (const ParamRef& r : params.refs()) {
+    buffer.resize(r.count);
+    file.read(r.layer_name, r.weight, buffer.data());
+    params.from_keras(r, buffer.data());
+  }
+  const bool adam = config.training.optimizer.type == OptimizerType::Adam;
+  auto load_slot = [&](const std::string& name, Tensor& t) {
+    if (t.empty()) return;
+    try {
+      const auto shape = file.slot_shape(name);
+      if (shape.size() == 1 && size_t(shape[0]) == t.size()) {
+        buffer.resize(t.size());
+        file.read_slot(name, buffer.data());
+        backend.from_host(t.data(), buffer.data(), t.bytes());
+        return;
+      }
+    } catch (const std::exception&) {
+    }
+    if (verbose) log().warn("resume: {} has no optimizer slot '{}'; it starts from zero", path, name);
+  };
+  load_slot(adam ? "adam_m" : "sgd_velocity", optimizer.m);
+  load_slot("adam_v", optimizer.v);
+  TrainingProgress p;
+  p.step = state.step;
+  p.epoch = state.epoch;
+  p.cursor = state.cursor;
+  return p;
 }
 
 }  // namespace ht

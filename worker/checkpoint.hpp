@@ -27,6 +27,18 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
                             OptimizerState& optimizer, ComputeBackend& backend,
                             const TrainingProgress& progress);
 
+// The checkpoint `checkpoint.resume` asks for: the newest one in run_dir/checkpoints whose
+// checksum verifies (`auto`; torn or corrupt newer files are skipped with a warning naming
+// them), none (`never`), or the given path. Empty: start fresh. Throws ConfigError for a
+// named file that is missing or corrupt.
+std::string find_resume_checkpoint(const Config& config, bool verbose);
+
+// Loads weights, batch-norm statistics and optimizer state from `path`; refuses a file of
+// another model (its model hash differs) and logs config keys that changed.
+TrainingProgress load_checkpoint(const std::string& path, const Config& config, const ModelSpec& model,
+                                 ParamStore& params, OptimizerState& optimizer, ComputeBackend& backend,
+                                 bool verbose);
+
 // Loads `training.init_weights` into `params` (strict: the layers with weights are matched
 // in order, count and every shape must agree; by name: matching names only). Reads one
 // tensor at a time. Throws ConfigError naming the file, layer, weight, expected and found.

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "worker/log.hpp"
+#include "worker/signals.hpp"
 
 namespace ht {
 
@@ -31,18 +32,38 @@ struct Trainer::Reporter {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
+// What survives a recycle: weights, BN statistics and optimizer state, on the host.
+struct Trainer::HostSnapshot {
+  std::vector<float> values, buffers, m, v;
+};
+
 Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
                  const BackendOptions& backend_options)
-    : config_(config), plan_(plan), rank_(rank), world_(world) {
-  group_ = world.split(plan.group_of(rank));
-  backend_ = make_backend(backend_options);
-  params_ = std::make_unique<ParamStore>(plan.model, *backend_);
+    : config_(config), plan_(plan), rank_(rank), world_(world), backend_options_(backend_options) {
+  build_device_state(nullptr);
   params_->initialize(config.seed);
   if (!config.training.init_weights.empty()) load_init_weights(config, plan.model, *params_);
+  const std::string resume = find_resume_checkpoint(config, rank == 0);
+  if (!resume.empty()) {
+    const TrainingProgress p =
+        load_checkpoint(resume, config, plan.model, *params_, optimizer_, *backend_, rank == 0);
+    start_step_ = p.step;
+    if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
+  }
+  data_ = std::make_unique<BatchSource>(config, plan, rank, *backend_);
+  reporter_ = std::make_unique<Reporter>();
+}
+
+void Trainer::build_device_state(const HostSnapshot* restore) {
+  group_ = world_.split(plan_.group_of(rank_));
+  backend_ = make_backend(backend_options_);
+  params_ = std::make_unique<ParamStore>(plan_.model, *backend_);
   const size_t n = params_->trainable_count();
   Allocator& a = backend_->allocator();
-  const bool adam = config.training.optimizer.type == OptimizerType::Adam;
-  if (adam || config.training.optimizer.momentum != 0) {
+  const OptimizerConfig& o = config_.training.optimizer;
+  const bool adam = o.type == OptimizerType::Adam;
+  optimizer_ = OptimizerState{};
+  if (adam || o.momentum != 0) {
     optimizer_.m = Tensor(a, 1, 1, 1, int(n), "optimizer state");
     backend_->fill_zero(optimizer_.m.data(), n);
   }
@@ -50,11 +71,49 @@ Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& wo
     optimizer_.v = Tensor(a, 1, 1, 1, int(n), "optimizer state");
     backend_->fill_zero(optimizer_.v.data(), n);
   }
-  data_ = std::make_unique<BatchSource>(config, plan, rank, *backend_);
-  const int local_batch = config.training.batch_size / plan.groups;
-  LayerContext ctx{plan, rank, world, *group_, *backend_, *params_, local_batch, config.training.batch_size};
-  for (int l = 0; l < int(plan.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
-  reporter_ = std::make_unique<Reporter>();
+  if (restore) {
+    auto put = [&](Tensor& t, const std::vector<float>& host) {
+      if (!t.empty()) backend_->from_host(t.data(), host.data(), t.bytes());
+    };
+    put(params_->values(), restore->values);
+    put(params_->buffers(), restore->buffers);
+    put(optimizer_.m, restore->m);
+    put(optimizer_.v, restore->v);
+  }
+  const int local_batch = config_.training.batch_size / plan_.groups;
+  LayerContext ctx{plan_, rank_, world_, *group_, *backend_, *params_, local_batch, config_.training.batch_size};
+  layers_.clear();
+  for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
+}
+
+Trainer::HostSnapshot Trainer::take_snapshot() {
+  HostSnapshot s;
+  auto get = [&](Tensor& t, std::vector<float>& host) {
+    host.resize(t.size());
+    if (!t.empty()) backend_->to_host(host.data(), t.data(), t.bytes());
+  };
+  get(params_->values(), s.values);
+  get(params_->buffers(), s.buffers);
+  get(optimizer_.m, s.m);
+  get(optimizer_.v, s.v);
+  return s;
+}
+
+void Trainer::recycle_in_process() {
+  // Everything the device holds is destroyed, in reverse order of creation, then rebuilt;
+  // the data reader holds no device state and stays.
+  const HostSnapshot snapshot = take_snapshot();
+  layers_.clear();
+  optimizer_ = OptimizerState{};
+  params_.reset();
+  test_leak_.clear();
+  const std::string device = backend_->device_name();
+  data_->rebind(nullptr);
+  backend_.reset();
+  group_.reset();
+  build_device_state(&snapshot);
+  data_->rebind(backend_.get());
+  if (rank_ == 0) log().info("recycled the device state of {} (and of every other rank)", device);
 }
 
 Trainer::~Trainer() = default;
@@ -98,7 +157,7 @@ double Trainer::train_step(int64_t step) {
     throw TrainingDiverged(fmt::format(
         "step {}: the loss is {}; stopping without writing a checkpoint (samples {}; lower "
         "training.optimizer.lr or check data.scale)",
-        step + 1, loss, fmt::join(batch.samples, ", ")));
+        step + 1, std::isnan(loss) ? "NaN" : (loss > 0 ? "+inf" : "-inf"), fmt::join(batch.samples, ", ")));
   }
   for (int l = L - 1; l >= 0; --l) {
     Tensor dx = layers_[l]->backward(acts[l], acts[l + 1], dy, l > 0);
@@ -158,37 +217,77 @@ void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, b
   }
 }
 
+std::string Trainer::checkpoint(int64_t steps_done) {
+  const TrainingProgress progress{steps_done, data_->epoch_of_step(steps_done),
+                                  steps_done * config_.training.batch_size};
+  std::string path;
+  if (rank_ == 0) path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+  // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
+  world_.barrier();
+  return path;
+}
+
+void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary) {
+  // Every rank agrees at the same step boundary: one all-reduce of the local requests.
+  const StopRequest local = pending_stop();
+  double flags[2] = {local == StopRequest::Requeue ? 1.0 : 0.0, local == StopRequest::Terminate ? 1.0 : 0.0};
+  world_.allreduce_sum_host(flags, 2);
+  if (flags[0] == 0 && flags[1] == 0) return;
+  if (!checkpoint_written) summary.checkpoint = checkpoint(steps_done);
+  std::string why = "SIGTERM";
+  if (flags[0] > 0) {
+    why = "the Slurm warning signal";
+    std::string error;
+    if (rank_ == 0 && !request_requeue(config_.run_dir, &error))
+      log().warn("could not requeue the job: {}; resubmit it to resume from {}", error, summary.checkpoint);
+  }
+  throw StopRequested(fmt::format("stopped after step {} on {}; checkpoint {}", steps_done, why,
+                                  summary.checkpoint.empty() ? "written by rank 0" : summary.checkpoint));
+}
+
 TrainSummary Trainer::run() {
   TrainSummary summary;
   const int64_t total = total_steps(config_, data_->samples());
   Reporter& r = *reporter_;
   r.total = total;
-  start_step_ = 0;
   if (rank_ == 0) {
     std::filesystem::create_directories(config_.run_dir);
     const std::string path = config_.run_dir + "/metrics.csv";
-    const bool fresh = !std::filesystem::exists(path) || start_step_ == 0;
+    const bool fresh = start_step_ == 0 || !std::filesystem::exists(path);
     r.csv.open(path, fresh ? std::ios::trunc : std::ios::app);
     if (!r.csv) throw ConfigError(fmt::format("run_dir {}: cannot write metrics.csv", config_.run_dir));
     if (fresh) r.csv << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes\n";
     r.tty = isatty(fileno(stdout));
   }
+  const char* leak = std::getenv("HALOTRAIN_TEST_LEAK_MIB");
   const int64_t every = config_.checkpoint.every_steps;
+  const int64_t recycle_every = config_.recycle.every_steps;
+  summary.steps = start_step_;
   for (int64_t step = start_step_; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     summary.final_loss = train_step(step);
+    if (leak) test_leak_.emplace_back(size_t(std::atoll(leak)) << 20, char(1));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const bool last = step + 1 == total;
-    const bool logged = last || step == start_step_ || (step + 1) % config_.training.log_every == 0;
+    const int64_t done = step + 1;
+    const bool last = done == total;
+    const bool logged = last || step == start_step_ || done % config_.training.log_every == 0;
     uint64_t peak = 0;
     if (logged) peak = max_peak_over_ranks();
-    if (rank_ == 0 && (logged || r.tty)) report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged);
-    if ((every > 0 && (step + 1) % every == 0) || last) {
-      TrainingProgress progress{step + 1, data_->epoch_of_step(step + 1), (step + 1) * config_.training.batch_size};
-      if (rank_ == 0)
-        summary.checkpoint = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+    if (rank_ == 0 && (logged || r.tty))
+      report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged);
+    const bool recycle_now = recycle_every > 0 && done % recycle_every == 0 && !last;
+    const bool restart_now = recycle_now && config_.recycle.mode == RecycleMode::Restart;
+    bool written = false;
+    if ((every > 0 && done % every == 0) || last || restart_now) {
+      summary.checkpoint = checkpoint(done);
+      written = true;
     }
-    summary.steps = step + 1;
+    summary.steps = done;
+    stop_if_requested(done, written, summary);
+    if (restart_now)
+      throw StopRequested(fmt::format("recycle.mode restart: stopped after step {} to be relaunched; checkpoint {}",
+                                      done, summary.checkpoint.empty() ? "written by rank 0" : summary.checkpoint));
+    if (recycle_now) recycle_in_process();
   }
   summary.peak_device_bytes = max_peak_over_ranks();
   return summary;

@@ -21,6 +21,13 @@ class TrainingDiverged : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The run stopped at a step boundary with a checkpoint written: for requeue after Slurm's
+// warning signal, on SIGTERM, or for `recycle.mode: restart`. Exit code 3.
+class StopRequested : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct TrainSummary {
   int64_t steps = 0;
   double final_loss = 0;
@@ -37,6 +44,14 @@ class Trainer {
   TrainSummary run();
 
  private:
+  // Device state: backend, parameters, optimizer state, layers. Recycling tears all of it
+  // down and builds it again from a host snapshot.
+  struct HostSnapshot;
+  void build_device_state(const HostSnapshot* restore);
+  HostSnapshot take_snapshot();
+  void recycle_in_process();
+  std::string checkpoint(int64_t steps_done);
+  void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
   double train_step(int64_t step);
   double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
   void optimizer_step(int64_t step);
@@ -47,6 +62,7 @@ class Trainer {
   const ShardPlan& plan_;
   int rank_;
   Comm& world_;
+  BackendOptions backend_options_;
   std::unique_ptr<Comm> group_;
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<ParamStore> params_;
@@ -54,6 +70,7 @@ class Trainer {
   std::unique_ptr<BatchSource> data_;
   std::vector<std::unique_ptr<Layer>> layers_;
   int64_t start_step_ = 0;
+  std::vector<std::vector<char>> test_leak_;  // HALOTRAIN_TEST_LEAK_MIB: a leak recycling must cure
   struct Reporter;
   std::unique_ptr<Reporter> reporter_;
 };

@@ -1,0 +1,115 @@
+// The `halotrain` command line end to end on bad input: one clear message, exit 1, nothing
+// lost. Runs the real binary in a scratch directory.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(HALOTRAIN_BINARY) + " " + args + " 2>&1";
+  Result r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("halotrain-cli-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny classifier config over `data`, written to the scratch dir.
+  std::string config(const std::string& data, int h, int w, const std::string& extra = "") {
+    const std::string path = (dir_ / "cfg.yaml").string();
+    std::ofstream(path) << "name: t\nrun_dir: " << (dir_ / "run").string() << "\n"
+                        << "data: {train: " << data << "}\n"
+                        << "model:\n  input: [" << h << ", " << w << ", 1]\n  layers:\n"
+                        << "    - {type: conv2d, filters: 2, kernel: 3, padding: same}\n"
+                        << "    - {type: relu}\n    - {type: global_avg_pool}\n    - {type: dense, units: 2}\n"
+                        << "  loss: softmax_cross_entropy\n"
+                        << "training: {batch_size: 2, steps: 2, optimizer: {type: sgd, lr: 0.1}}\n"
+                        << "parallel: {grid: [2, 1], device_memory: 1GiB}\n"
+                        << "checkpoint: {every_steps: 1, keep: 5}\n"
+                        << extra;
+    return path;
+  }
+  std::string make_data(int h, int w) {
+    const std::string path = (dir_ / "data.h5").string();
+    const Result r = run("make-data " + path + " --count 4 --height " + std::to_string(h) + " --width " +
+                         std::to_string(w) + " --classes 2");
+    EXPECT_EQ(r.code, 0) << r.output;
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CliTest, SeedCaseOnOneDieSaysItDoesNotFitAndWhichGridDoes) {
+  const Result r = run(std::string("plan ") + HALOTRAIN_SOURCE_DIR + "/configs/seed-k80.yaml --set parallel.grid=[1,1]");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("smallest grid that fits: [2, 1]"), std::string::npos) << r.output;
+  const Result ok = run(std::string("plan ") + HALOTRAIN_SOURCE_DIR + "/configs/seed-k80.yaml");
+  EXPECT_EQ(ok.code, 0) << ok.output;
+}
+
+TEST_F(CliTest, DatasetShapeThatIsNotTheModelInputNamesBoth) {
+  const std::string data = make_data(16, 12);
+  const Result r = run("train " + config(data, 18, 12));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("[4, 16, 12, 1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.input is [18, 12, 1]"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, NonFiniteLossStopsWithTheStepAndKeepsGoodCheckpoints) {
+  const std::string data = make_data(16, 12);
+  const std::string cfg = config(data, 16, 12);
+  const Result good = run("train " + cfg);
+  ASSERT_EQ(good.code, 0) << good.output;
+  const fs::path ckpt = dir_ / "run" / "checkpoints" / "ckpt-2.h5";
+  ASSERT_TRUE(fs::exists(ckpt));
+  const auto before = fs::last_write_time(ckpt);
+  // Resume for two more steps on data scaled to infinity: the loss is NaN at step 3.
+  const Result bad = run("train " + cfg + " --set training.steps=4 --set data.scale=1e39");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("step 3: the loss is NaN"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoints" / "ckpt-3.h5"));
+  EXPECT_EQ(fs::last_write_time(ckpt), before);
+  const Result inspect = run("inspect " + ckpt.string());
+  EXPECT_EQ(inspect.code, 0) << inspect.output;
+}
+
+TEST_F(CliTest, UnknownKeyIsOneLineWithASuggestion) {
+  const std::string data = make_data(16, 12);
+  const Result r = run("plan " + config(data, 16, 12, "trainng: {steps: 3}\n"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'training'"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, MissingConfigFileIsAUserError) {
+  const Result r = run("train " + (dir_ / "nope.yaml").string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("nope.yaml"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,100 @@
+#include "worker/signals.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include "orchestrator/process.hpp"
+
+namespace ht {
+
+namespace {
+
+// Written only by the handlers, read by pending_stop: sig_atomic_t is all a handler may touch.
+volatile std::sig_atomic_t g_requeue = 0;
+volatile std::sig_atomic_t g_terminate = 0;
+
+extern "C" void on_warning(int) { g_requeue = 1; }
+extern "C" void on_terminate(int) { g_terminate = 1; }
+
+void install(int sig, void (*handler)(int)) {
+  struct sigaction sa {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = handler;
+  // Restart interrupted reads/writes: a signal must not turn into an I/O error mid-step.
+  sa.sa_flags = SA_RESTART;
+  if (sigaction(sig, &sa, nullptr) != 0) throw std::runtime_error(fmt::format("sigaction({}) failed", sig));
+}
+
+}  // namespace
+
+int signal_number(const std::string& text) {
+  std::string name = text;
+  for (char& c : name) c = char(std::toupper(static_cast<unsigned char>(c)));
+  if (name.rfind("SIG", 0) == 0) name = name.substr(3);
+  if (name == "USR1") return SIGUSR1;
+  if (name == "USR2") return SIGUSR2;
+  if (name == "TERM") return SIGTERM;
+  if (name == "INT") return SIGINT;
+  if (name == "HUP") return SIGHUP;
+  if (name == "ALRM") return SIGALRM;
+  return -1;
+}
+
+void install_stop_handlers(const std::string& warning_signal) {
+  const int warning = signal_number(warning_signal);
+  if (warning < 0) throw std::invalid_argument(fmt::format("slurm.signal: unknown signal '{}'", warning_signal));
+  install(warning, on_warning);
+  if (warning != SIGTERM) install(SIGTERM, on_terminate);
+}
+
+StopRequest pending_stop() {
+  if (g_requeue) return StopRequest::Requeue;
+  if (g_terminate) return StopRequest::Terminate;
+  return StopRequest::None;
+}
+
+void clear_stop_requests() {
+  g_requeue = 0;
+  g_terminate = 0;
+}
+
+std::string requeue_marker_path(const std::string& run_dir) {
+  return (std::filesystem::path(run_dir) / ".requeued").string();
+}
+
+bool request_requeue(const std::string& run_dir, std::string* error) {
+  auto fail = [&](const std::string& why) {
+    if (error) *error = why;
+    return false;
+  };
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (!job || !*job) return fail("SLURM_JOB_ID is not set (not running under Slurm)");
+  const std::string id = job;
+  if (!std::all_of(id.begin(), id.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    return fail(fmt::format("SLURM_JOB_ID '{}' is not a job id", id));
+  // The marker first: `scontrol requeue` ends this run at once, and a batch script that
+  // outlives the SIGTERM must already see it.
+  const std::string marker = requeue_marker_path(run_dir);
+  {
+    std::ofstream out(marker, std::ios::trunc);
+    out << id << "\n";
+    if (!out.flush()) return fail(fmt::format("cannot write {}", marker));
+  }
+  const CommandResult r = run_command({"scontrol", "requeue", id}, 30);
+  if (r.started && r.exit_code == 0) return true;
+  std::error_code ignored;
+  std::filesystem::remove(marker, ignored);
+  std::string why = r.err.empty() ? r.error : r.err;
+  while (!why.empty() && std::isspace(static_cast<unsigned char>(why.back()))) why.pop_back();
+  if (!r.started) return fail(fmt::format("cannot run scontrol: {}", why));
+  return fail(fmt::format("'scontrol requeue {}' failed (exit {}): {}", id, r.exit_code, why));
+}
+
+}  // namespace ht

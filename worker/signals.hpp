@@ -1,0 +1,44 @@
+// Stop requests from outside: Slurm's warning signal before the time limit (slurm.signal,
+// USR2 by default; the sbatch script asks for it with --signal=<sig>@<s>, which Slurm sends
+// to the srun-launched ranks) asks for checkpoint + requeue; SIGTERM (scancel, time limit,
+// preemption) asks for checkpoint + exit. The handlers only set flags; the trainer polls
+// pending_stop() at each step boundary and all ranks agree before acting.
+//
+// Contract with the sbatch script (orchestrator/slurm.cpp): a stop exits with code 3. When
+// the job requeued itself, run_dir/.requeued exists (it holds the job id), and the script
+// ends quietly instead of relaunching; without it, exit 3 means "relaunch me" under
+// recycle.mode restart. The script removes the marker before every launch.
+#pragma once
+
+#include <string>
+
+namespace ht {
+
+// Ordered by strength: a max-reduce over ranks gives the strongest request.
+enum class StopRequest { None = 0, Requeue = 1, Terminate = 2 };
+
+// The signal number of "USR2", "SIGUSR1", "TERM", ... (case-insensitive); -1 if unknown.
+int signal_number(const std::string& name);
+
+// Installs handlers for `warning_signal` (-> Requeue) and SIGTERM (-> Terminate; unless
+// it is the warning signal). Idempotent. Throws std::invalid_argument for an unknown name.
+void install_stop_handlers(const std::string& warning_signal);
+
+// What the signals asked for so far; Requeue wins when both arrived (the warning came
+// first, and the SIGTERM is then Slurm ending this run of the job).
+StopRequest pending_stop();
+
+// Forgets the requests seen so far (tests, or after acting on one).
+void clear_stop_requests();
+
+// run_dir/.requeued: present after a successful request_requeue of this run.
+std::string requeue_marker_path(const std::string& run_dir);
+
+// For rank 0, after the checkpoint is on disk and every rank knows it: writes the marker,
+// then runs `scontrol requeue $SLURM_JOB_ID` (30 s limit). Slurm then ends this run of the
+// job (SIGTERM to every process, SIGKILL after KillWait) and queues it again; the ranks
+// should simply exit 3. False with the reason (and no marker left) when SLURM_JOB_ID is
+// unset or scontrol fails.
+bool request_requeue(const std::string& run_dir, std::string* error);
+
+}  // namespace ht
