@@ -2,8 +2,12 @@
 // message), 2 internal error, 3 stopped for requeue.
 #include <mpi.h>
 
+#include <csignal>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <hdf5.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -11,6 +15,7 @@
 
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/plan_report.hpp"
+#include "orchestrator/submit.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
@@ -68,8 +73,11 @@ int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
   install_stop_handlers(config.slurm.signal);
   log().info("config {} (resolved):\n{}", path, to_yaml(config));
   const TrainSummary s = run_training(config);
-  log().info("trained {} steps, final loss {:.6f}, peak device memory {:.1f} MiB; checkpoint {}", s.steps,
-             s.final_loss, s.peak_device_bytes / 1048576.0, s.checkpoint);
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  log().info("trained {} steps, final loss {:.6f}, peak device memory {:.1f} MiB, process peak RSS {:.1f} MiB; "
+             "checkpoint {}",
+             s.steps, s.final_loss, s.peak_device_bytes / 1048576.0, usage.ru_maxrss / 1024.0, s.checkpoint);
   return 0;
 }
 
@@ -102,6 +110,17 @@ int run(int argc, char** argv) {
   make_data->add_flag("--masks", masks, "write per-pixel masks instead of labels")->excludes(classes);
   make_data->add_option("--seed", data.seed, "random seed");
 
+  SubmitCommand submit_cmd;
+  auto* submit = app.add_subcommand("submit", "write run_dir/job.sbatch for a config and submit it with sbatch");
+  submit->add_option("CONFIG", submit_cmd.config_path, "YAML config")->required();
+  submit->add_option("--set", submit_cmd.sets, "override a key: --set parallel.grid=[2,1]");
+  submit->add_flag("--dry-run", submit_cmd.dry_run, "print the sbatch script, submit nothing");
+  submit->add_option("--launcher", submit_cmd.launcher,
+                     "how the script starts the ranks (default: srun --mpi=pmix if Slurm has PMIx, else mpirun)");
+  submit->add_option("--cpus-per-task", submit_cmd.cpus_per_task,
+                     "CPUs per rank (default: 1 for cuda; whole nodes shared by their ranks for cpu)")
+      ->check(CLI::NonNegativeNumber);
+
   std::string file;
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
   inspect->add_option("FILE", file, ".h5 file")->required();
@@ -114,6 +133,7 @@ int run(int argc, char** argv) {
   }
   if (*plan) return cmd_plan(config_path, sets, json);
   if (*train) return cmd_train(config_path, sets);
+  if (*submit) return run_submit(submit_cmd, std::cout, std::cerr);
   if (*make_data) {
     if (masks) data.targets = TargetKind::Masks;
     write_synthetic_dataset(out_path, data);
@@ -128,6 +148,12 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   g_argv = argv;
+  // A full disk or a file-size limit must surface as a failed write with a message, not as
+  // a silent kill by SIGXFSZ.
+  signal(SIGXFSZ, SIG_IGN);
+  // Every file is closed by its owner; HDF5's own exit-time cleanup would crash on a file
+  // whose close already failed (disk full), turning a clear error into a segfault.
+  H5dont_atexit();
   const bool use_mpi = ht::launched_by_mpi() && argc > 1 && std::string(argv[1]) == "train";
   int world = 1;
   if (use_mpi) {
@@ -147,7 +173,9 @@ int main(int argc, char** argv) {
     ht::log().error("{}", e.what());
     code = 1;
   } catch (const ht::StopRequested& e) {
-    ht::log().info("{}", e.what());
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    ht::log().info("{} (process peak RSS {:.1f} MiB)", e.what(), usage.ru_maxrss / 1024.0);
     code = 3;
   } catch (const std::exception& e) {
     ht::log().error("internal error: {}", e.what());

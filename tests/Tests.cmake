@@ -30,3 +30,9 @@ add_test(NAME mpi_kill_one_rank
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_rank.sh $<TARGET_FILE:halotrain> ${MPIEXEC_EXECUTABLE}
                  ${CMAKE_BINARY_DIR}/kill-rank)
 set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)
+
+# Checkpoint exactness, recycling and robustness through the real binary.
+add_test(NAME checkpoint_resume_recycle
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_test.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/resume-test)
+set_tests_properties(checkpoint_resume_recycle PROPERTIES LABELS checkpoint TIMEOUT 600)

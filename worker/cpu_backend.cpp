@@ -35,7 +35,8 @@ class CpuConv : public ConvKernel {
 
 class CpuBackend : public ComputeBackend {
  public:
-  explicit CpuBackend(const BackendOptions& o) : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget) {
+  explicit CpuBackend(const BackendOptions& o)
+      : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse) {
     if (o.threads > 0) omp_set_num_threads(o.threads);
   }
   Backend kind() const override { return Backend::CPU; }

@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
+#include <map>
 #include <cstring>
 #include <utility>
 
@@ -10,10 +13,18 @@ namespace ht {
 
 namespace {
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20)); }
+size_t block_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
-Allocator::Allocator(std::string device, uint64_t budget_bytes)
-    : device_(std::move(device)), budget_(budget_bytes) {}
+// Free blocks by rounded size; a multimap so trimming can start from the largest.
+struct Allocator::Cache {
+  std::multimap<size_t, void*> blocks;
+};
+
+Allocator::Allocator(std::string device, uint64_t budget_bytes, BlockCache cache)
+    : device_(std::move(device)), budget_(budget_bytes), cache_mode_(cache), cache_(std::make_unique<Cache>()) {}
+
+Allocator::~Allocator() { release_cached(); }
 
 void* Allocator::allocate(size_t bytes, const std::string& what) {
   if (bytes == 0) return nullptr;
@@ -22,7 +33,22 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
         "{}: out of device memory allocating {} for {}: {} in use, budget {} "
         "(parallel.device_memory); use a larger grid or parallel.activations",
         device_, mib(bytes), what, mib(in_use_), mib(budget_)));
-  void* p = raw_allocate(bytes);
+  void* p = nullptr;
+  if (cache_mode_ == BlockCache::Reuse) {
+    const size_t block = block_size(bytes);
+    p = take_cached(block);
+    if (!p) {
+      // Cached blocks of other sizes give way before the reservation passes the budget.
+      if (budget_) trim_cache(budget_ - std::min<uint64_t>(budget_, in_use_ + block));
+      p = raw_allocate(block);
+      if (!p && cached_) {
+        release_cached();
+        p = raw_allocate(block);
+      }
+    }
+  } else {
+    p = raw_allocate(bytes);
+  }
   if (!p)
     throw DeviceMemoryError(fmt::format("{}: the system refused {} for {}", device_, mib(bytes), what));
   in_use_ += bytes;
@@ -32,13 +58,39 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
 
 void Allocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
-  raw_deallocate(ptr);
+  if (cache_mode_ == BlockCache::Reuse) {
+    const size_t block = block_size(bytes);
+    cache_->blocks.emplace(block, ptr);
+    cached_ += block;
+  } else {
+    raw_deallocate(ptr);
+  }
   in_use_ -= bytes;
 }
 
+void* Allocator::take_cached(size_t block) {
+  auto it = cache_->blocks.find(block);
+  if (it == cache_->blocks.end()) return nullptr;
+  void* p = it->second;
+  cache_->blocks.erase(it);
+  cached_ -= block;
+  return p;
+}
+
+void Allocator::trim_cache(uint64_t keep_at_most) {
+  while (cached_ > keep_at_most && !cache_->blocks.empty()) {
+    auto it = std::prev(cache_->blocks.end());
+    raw_deallocate(it->second);
+    cached_ -= it->first;
+    cache_->blocks.erase(it);
+  }
+}
+
+void Allocator::release_cached() { trim_cache(0); }
+
 void* Allocator::raw_allocate(size_t bytes) {
   // 64-byte alignment for vector loads and oneDNN.
-  return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  return std::aligned_alloc(64, block_size(bytes));
 }
 
 void Allocator::raw_deallocate(void* ptr) { std::free(ptr); }

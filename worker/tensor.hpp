@@ -18,19 +18,35 @@ class DeviceMemoryError : public std::runtime_error {
 
 // Counts bytes in use and the peak on one device (one rank's share of host memory on the
 // CPU backend), and enforces a budget. Not thread-safe: one allocator per worker.
+//
+// With BlockCache::Reuse a freed block is kept and handed out again for the next request
+// of the same rounded size: a training step asks for the same sizes every step, so after
+// the first step no memory comes from the system (on the host: no page faults, no
+// mmap/munmap of 100 MB tensors). in_use() and peak() count what the owners hold, cached
+// or not; reserved() adds the cached blocks. Cached blocks are released when the budget
+// would be exceeded, when the system refuses memory, by release_cached() and on
+// destruction. A subclass that enables the cache must call release_cached() in its own
+// destructor (the base destructor cannot reach the subclass's raw_deallocate).
+enum class BlockCache { Off, Reuse };
+
 class Allocator {
  public:
-  explicit Allocator(std::string device, uint64_t budget_bytes = 0);
-  virtual ~Allocator() = default;
+  explicit Allocator(std::string device, uint64_t budget_bytes = 0, BlockCache cache = BlockCache::Off);
+  virtual ~Allocator();
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
   // `what` names the owner (a layer, "optimizer state", ...) for the error message.
   void* allocate(size_t bytes, const std::string& what);
   void deallocate(void* ptr, size_t bytes);
+  // Returns every cached block to the system (state recycle, before a large allocation
+  // elsewhere). Blocks in use are untouched.
+  void release_cached();
 
   uint64_t in_use() const { return in_use_; }
   uint64_t peak() const { return peak_; }
+  uint64_t reserved() const { return in_use_ + cached_; }  // in use + cached (rounded sizes)
+  uint64_t cached() const { return cached_; }
   uint64_t budget() const { return budget_; }
   void set_budget(uint64_t bytes) { budget_ = bytes; }
   void reset_peak() { peak_ = in_use_; }
@@ -41,9 +57,16 @@ class Allocator {
   virtual void raw_deallocate(void* ptr);
 
  private:
+  void* take_cached(size_t block);
+  void trim_cache(uint64_t keep_at_most);
+
   std::string device_;
   uint64_t budget_ = 0;  // 0: unlimited
   uint64_t in_use_ = 0, peak_ = 0;
+  BlockCache cache_mode_;
+  uint64_t cached_ = 0;
+  struct Cache;
+  std::unique_ptr<Cache> cache_;
 };
 
 // A float32 NCHW tensor owning its memory through an Allocator. Move-only.

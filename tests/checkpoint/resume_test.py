@@ -1,0 +1,198 @@
+#!/usr/bin/python3
+"""Checkpoint exactness and robustness, end to end through `halotrain train`.
+
+- N steps straight == N/2 steps + resume to N, bit for bit (Adam, batch norm, shuffling,
+  an epoch boundary crossed), and the same with recycle in_process and restart;
+- train on grid 2x1, resume on 1x2: equal within float tolerance;
+- a torn newest checkpoint is skipped with a warning naming it;
+- a checkpoint of another model is refused with exit 1;
+- a test-only leak grows the process without recycling and stays bounded with restart.
+
+usage: resume_test.py HALOTRAIN WORKDIR
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+BIN, WORK = sys.argv[1], sys.argv[2]
+RESULTS = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}", flush=True)
+
+
+def config(tag, **over):
+    cfg = dict(
+        name=tag, run_dir=os.path.join(WORK, tag), seed=5,
+        data=dict(train=os.path.join(WORK, "data.h5"), shuffle=True),
+        model=dict(input=[40, 36, 1], loss="softmax_cross_entropy", layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm", momentum=0.9),
+            dict(type="relu"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="relu"),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=2)]),
+        training=dict(batch_size=4, steps=8, optimizer=dict(type="adam", lr=0.01)),
+        parallel=dict(grid=[2, 1]),
+        checkpoint=dict(every_steps=100, keep=10, resume="auto"),
+    )
+    for k, v in over.items():
+        node = cfg
+        *path, last = k.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v
+    path = os.path.join(WORK, tag + ".yaml")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def train(cfg, *sets, env=None):
+    cmd = [BIN, "train", cfg] + [a for s in sets for a in ("--set", s)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def weights(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and not name.startswith("halotrain/config") and obj.dtype.kind == "f":
+                out[name] = np.array(obj)
+        f.visititems(visit)
+    return out
+
+
+def same(a, b, rtol=0.0, atol=0.0):
+    if a.keys() != b.keys():
+        return False, f"different datasets {sorted(a.keys() ^ b.keys())}"
+    for k in a:
+        if rtol == 0 and atol == 0:
+            if not np.array_equal(a[k], b[k]):
+                return False, f"{k} differs (max {np.abs(a[k] - b[k]).max():.3g})"
+        elif not np.allclose(a[k], b[k], rtol=rtol, atol=atol):
+            return False, f"{k} differs beyond tolerance (max {np.abs(a[k] - b[k]).max():.3g})"
+    return True, ""
+
+
+def ckpt(tag, step):
+    return os.path.join(WORK, tag, "checkpoints", f"ckpt-{step}.h5")
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    # 6 images, batch 4: steps cross epoch boundaries with a fresh permutation each epoch.
+    subprocess.run([BIN, "make-data", os.path.join(WORK, "data.h5"), "--count", "6", "--height", "40",
+                    "--width", "36", "--classes", "2"], check=True, capture_output=True)
+
+    r = train(config("straight"))
+    check("straight run trains", r.returncode == 0, r.stderr[-2000:])
+    ref = weights(ckpt("straight", 8))
+
+    cfg = config("resumed")
+    r1 = train(cfg, "training.steps=4")
+    r2 = train(cfg)
+    ok, why = same(ref, weights(ckpt("resumed", 8))) if r1.returncode == 0 and r2.returncode == 0 else (False, r2.stderr[-2000:])
+    check("4 steps + resume to 8 == 8 steps, bit for bit", ok, why)
+    check("the resumed run says where it resumed from", "resuming from" in r2.stderr and "at step 4" in r2.stderr,
+          r2.stderr[-1000:])
+
+    r = train(config("in_process", **{"recycle.every_steps": 3, "recycle.mode": "in_process"}))
+    ok, why = same(ref, weights(ckpt("in_process", 8))) if r.returncode == 0 else (False, r.stderr[-2000:])
+    check("recycle in_process every 3 steps == no recycle, bit for bit", ok, why)
+    check("in_process recycling happened", r.stderr.count("recycled the device state") == 2, r.stderr[-1000:])
+
+    r = train(config("restart", **{"recycle.every_steps": 3, "recycle.mode": "restart"}))
+    ok, why = same(ref, weights(ckpt("restart", 8))) if r.returncode == 0 else (False, r.stderr[-2000:])
+    check("recycle restart every 3 steps == no recycle, bit for bit", ok, why)
+    check("restart relaunched the worker twice", r.stderr.count("starting it again") == 2, r.stderr[-1000:])
+
+    cfg = config("regrid")
+    r1 = train(cfg, "training.steps=4")
+    r2 = train(cfg, "parallel.grid=[1,2]")
+    ok, why = same(ref, weights(ckpt("regrid", 8)), rtol=1e-4, atol=1e-5) if r2.returncode == 0 else (False, r2.stderr[-2000:])
+    check("train on 2x1, resume on 1x2: equal within float tolerance", ok, why)
+
+    # Torn newest file: truncate ckpt-8 of the straight run, then ask for 10 steps.
+    torn = ckpt("straight", 8)
+    shutil.copy(ckpt("resumed", 4), ckpt("straight", 4))
+    with open(torn, "r+b") as f:
+        f.truncate(os.path.getsize(torn) // 2)
+    r = train(config("straight", **{"training.steps": 10}))
+    check("a torn newest checkpoint is skipped, naming it and the one used",
+          r.returncode == 0 and "skipping " + torn in r.stderr and "resuming from " + ckpt("straight", 4) in r.stderr,
+          r.stderr[-2000:])
+
+    # Another model in the same run_dir: refused.
+    r = train(config("resumed", **{"training.steps": 12}), "model.layers[4].filters=5")
+    check("a checkpoint of another model is refused (exit 1, says why)",
+          r.returncode == 1 and "another model" in r.stderr, r.stderr[-1000:])
+
+    # Leak: 64 MiB per step for 9 steps; restart every 3 steps keeps each process small.
+    env = dict(os.environ, HALOTRAIN_TEST_LEAK_MIB="64")
+    rss = lambda text: [float(x) for x in re.findall(r"process peak RSS ([0-9.]+) MiB", text)]
+    r = train(config("leaky", **{"training.steps": 9}), env=env)
+    grow = rss(r.stderr)
+    r = train(config("leaky_restart", **{"training.steps": 9, "recycle.every_steps": 3, "recycle.mode": "restart"}),
+              env=env)
+    bounded = rss(r.stderr)
+    check("without recycling the leak grows the process (> 9 x 64 MiB)", grow and max(grow) > 9 * 64, str(grow))
+    check("with restart every 3 steps every process stays under 4 x 64 MiB + base",
+          len(bounded) == 3 and max(bounded) < min(grow) - 4 * 64, str(bounded))
+
+    # Disk full while writing: RLIMIT_FSIZE stops the write; clear error, old files intact.
+    cfg = config("diskfull", **{"checkpoint.every_steps": 1})
+    r = train(cfg, "training.steps=2")
+    good = ckpt("diskfull", 2)
+    before = open(good, "rb").read() if os.path.exists(good) else b""
+    limit_kib = 8
+    r = subprocess.run(["bash", "-c", f"ulimit -f {limit_kib}; exec {BIN} train {cfg} --set training.steps=4"],
+                       capture_output=True, text=True, timeout=300)
+    leftovers = [f for f in os.listdir(os.path.dirname(good)) if ".tmp" in f]
+    check("disk full during a checkpoint: exit 2 with a message naming the file, no temp file left",
+          r.returncode in (1, 2) and "ckpt-3.h5" in r.stderr and not leftovers and not os.path.exists(ckpt("diskfull", 3)),
+          f"exit {r.returncode} leftovers {leftovers} {r.stderr[-1500:]}")
+    check("disk full: the previous checkpoint is intact",
+          before and open(good, "rb").read() == before and subprocess.run([BIN, "inspect", good],
+                                                                         capture_output=True).returncode == 0)
+
+    # Killed while training with a checkpoint every step: the next run resumes from a good file.
+    cfg = config("killed", **{"checkpoint.every_steps": 1, "training.steps": 100000})
+    proc = subprocess.Popen([BIN, "train", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+    deadline = time.time() + 60
+    ckdir = os.path.join(WORK, "killed", "checkpoints")
+    while time.time() < deadline and len(os.listdir(ckdir) if os.path.isdir(ckdir) else []) < 3:
+        time.sleep(0.05)
+    time.sleep(0.137)
+    proc.kill()
+    proc.wait()
+    r = train(cfg, "training.steps=%d" % (max(int(f[5:-3]) for f in os.listdir(ckdir) if f.endswith(".h5")) + 1))
+    check("killed mid-run (kill -9): the next run resumes from the last good checkpoint",
+          r.returncode == 0 and "resuming from" in r.stderr, r.stderr[-1500:])
+
+    # Strict init_weights of another model: one line naming layer, weight, both shapes.
+    r = train(config("strict", **{"training.init_weights": ckpt("resumed", 8), "checkpoint.resume": "never"}),
+              "model.layers[0].filters=3", "model.layers[4].filters=3")
+    check("init_weights with other shapes: exit 1 naming layer, weight, expected and found",
+          r.returncode == 1 and "conv2d_1 weight kernel:0: the model expects (3, 3, 1, 3)" in r.stderr
+          and "is (3, 3, 1, 4)" in r.stderr, r.stderr[-800:])
+
+    failed = RESULTS.count(False)
+    print(f"{len(RESULTS) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
