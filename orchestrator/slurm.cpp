@@ -14,7 +14,8 @@ namespace {
 // Characters bash takes literally in a word (no globbing, expansion or splitting).
 bool plain_word(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("_./:=@%+,-").find(c) != std::string_view::npos;
+    return std::isalnum(static_cast<unsigned char>(c)) ||
+           std::string_view("_./:=@%+,-").find(c) != std::string_view::npos;
   });
 }
 
@@ -150,8 +151,10 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
   const int64_t max_launches =
       restart && config.training.steps > 0 ? config.training.steps / config.recycle.every_steps + 2 : 1000;
   std::string launch = options.launcher;
-  // srun in Slurm 22.05+ does not take --cpus-per-task from the batch environment.
-  if (launch.rfind("srun", 0) == 0) launch += " --cpus-per-task=\"$cpus\"";
+  // srun in Slurm 22.05+ does not take --cpus-per-task from the batch environment. Block
+  // distribution puts rank r on node r / devices_per_node with local id r % devices_per_node,
+  // as the plan assumes (node_of, local_device_of); every task sees all its node's GPUs.
+  if (launch.rfind("srun", 0) == 0) launch += " --distribution=block --cpus-per-task=\"$cpus\"";
   launch += " \"$halotrain\" train \"$config\"";
   for (const std::string& set : options.sets) launch += " --set " + shell_quote(set);
 

@@ -36,3 +36,14 @@ add_test(NAME checkpoint_resume_recycle
          COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_test.py $<TARGET_FILE:halotrain>
                  ${CMAKE_BINARY_DIR}/resume-test)
 set_tests_properties(checkpoint_resume_recycle PROPERTIES LABELS checkpoint TIMEOUT 600)
+
+# Slurm end to end on a real single-node cluster (slurm/local-cluster: root, slurm-wlm,
+# munge; skipped without them). One cluster at a time, hence the lock. The render and
+# validation unit tests are tests/unit/slurm_test.cpp (label `unit`).
+foreach(scenario bad_input completes restart requeue kill_rank)
+  add_test(NAME slurm_${scenario}
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/slurm/e2e.sh $<TARGET_FILE:halotrain>
+                   ${CMAKE_BINARY_DIR}/slurm-e2e ${scenario})
+  set_tests_properties(slurm_${scenario} PROPERTIES LABELS slurm TIMEOUT 300 SKIP_RETURN_CODE 77
+                       RESOURCE_LOCK halotrain_local_slurm)
+endforeach()

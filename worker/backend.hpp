@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "kernels/geometry.hpp"
 #include "orchestrator/config.hpp"
+#include "worker/comm.hpp"
 #include "worker/tensor.hpp"
 
 namespace ht {
@@ -103,11 +105,36 @@ struct BackendOptions {
   std::string name;                // for messages, e.g. "rank 1 cpu"
 };
 
-// Creates the backend; throws std::runtime_error "built without CUDA" or "no CUDA device
-// (driver: ...); use backend: cpu" when the CUDA backend cannot run here.
+// The config asks for a backend this build or this machine cannot run ("built without
+// CUDA", "no CUDA device (driver: ...); use backend: cpu"): a user error, exit 1.
+class BackendUnavailable : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+// Creates the backend; throws BackendUnavailable when the CUDA backend cannot run here.
 std::unique_ptr<ComputeBackend> make_backend(const BackendOptions& options);
 
 // Defined in kernels/cuda when built with CUDA; the worker's stub throws otherwise.
 std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions& options);
+
+// How code outside a backend (the threads comm) moves its memory: `copy` goes between host
+// memory and memory of any backend of one kind, in any direction and on any device of this
+// process, and returns once the bytes have landed. The default is host memory.
+inline void host_memory_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+struct MemoryOps {
+  void (*copy)(void* dst, const void* src, size_t bytes) = &host_memory_copy;
+};
+// kernels/cuda: cudaMemcpy with cudaMemcpyDefault (unified addressing). The stub throws
+// BackendUnavailable "built without CUDA".
+MemoryOps cuda_memory_ops();
+inline MemoryOps memory_ops(Backend kind) { return kind == Backend::CUDA ? cuda_memory_ops() : MemoryOps{}; }
+
+// kernels/cuda: the comm over every rank of MPI_COMM_WORLD on `backend`'s GPU (NCCL,
+// bootstrapped over MPI; collective). Its staging buffers come from the backend's
+// allocator: destroy it before the backend. The stub throws "built without CUDA".
+std::unique_ptr<Comm> make_nccl_world_comm(ComputeBackend& backend);
 
 }  // namespace ht

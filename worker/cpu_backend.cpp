@@ -1,7 +1,9 @@
 // The CPU backend: the numerical reference. Float kernels from kernels/cpu, oneDNN for
 // convolution; memory from the counting host allocator.
 #include <omp.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/conv.hpp"
@@ -33,11 +35,29 @@ class CpuConv : public ConvKernel {
   cpu::DnnlConv2d conv_;
 };
 
+// CPUs this worker may run on: the affinity mask (taskset, Slurm --cpus-per-task, mpirun
+// --bind-to), or, when OpenMP binds threads, the CPUs of its places (libgomp has already
+// bound this thread to the first place, so the mask would say 1).
+int usable_cpus() {
+  if (omp_get_proc_bind() != omp_proc_bind_false && omp_get_num_places() > 0) {
+    int n = 0;
+    for (int p = 0; p < omp_get_num_places(); ++p) n += omp_get_place_num_procs(p);
+    return std::max(1, n);
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1, omp_get_num_procs());
+  return std::max(1, CPU_COUNT(&set));
+}
+
 class CpuBackend : public ComputeBackend {
  public:
+  // Freed tensors are cached for the next step (BlockCache::Reuse): a step allocates the
+  // same sizes every time. The thread count is capped by the CPUs this worker may use, so
+  // an MPI rank bound to one core does not run a team of cores/ranks threads on it.
   explicit CpuBackend(const BackendOptions& o)
       : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse) {
-    if (o.threads > 0) omp_set_num_threads(o.threads);
+    if (o.threads > 0) omp_set_num_threads(std::min(o.threads, usable_cpus()));
   }
   Backend kind() const override { return Backend::CPU; }
   Allocator& allocator() override { return alloc_; }

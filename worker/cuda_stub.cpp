@@ -1,12 +1,16 @@
-// Without CUDA the factory still knows the `cuda` backend and says why it cannot run.
+// Without CUDA the factories still know the `cuda` backend and say why it cannot run.
 #ifndef HALOTRAIN_HAVE_CUDA
-#include <stdexcept>
-
 #include "worker/backend.hpp"
 
 namespace ht {
-std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions&) {
-  throw std::runtime_error("backend: cuda is not available: halotrain was built without CUDA; use backend: cpu");
+namespace {
+[[noreturn]] void built_without_cuda() {
+  throw BackendUnavailable("backend: cuda is not available: halotrain was built without CUDA; use backend: cpu");
 }
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions&) { built_without_cuda(); }
+MemoryOps cuda_memory_ops() { built_without_cuda(); }
+std::unique_ptr<Comm> make_nccl_world_comm(ComputeBackend&) { built_without_cuda(); }
 }  // namespace ht
 #endif

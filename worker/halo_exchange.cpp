@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace ht {
 
 HaloExchange::HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& world,
@@ -23,9 +25,14 @@ Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
 }
 
 Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what) {
-  // The adjoint runs the phases in reverse; it accumulates into a copy of grad_ext.
   Tensor work(backend_.allocator(), grad_ext.n(), grad_ext.c(), grad_ext.h(), grad_ext.w(), what);
   backend_.copy(work.data(), grad_ext.data(), grad_ext.size());
+  return scatter_add(std::move(work), what);
+}
+
+Tensor HaloExchange::scatter_add(Tensor&& grad_ext, const std::string& what) {
+  // The adjoint runs the phases in reverse, accumulating into the extended gradient.
+  Tensor work = std::move(grad_ext);
   run_phase(HaloPhase::Cols, work, true);
   run_phase(HaloPhase::Rows, work, true);
   Tensor dx(backend_.allocator(), work.n(), work.c(), owned_.rows.size(), owned_.cols.size(), what);

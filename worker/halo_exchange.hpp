@@ -23,6 +23,8 @@ class HaloExchange {
   Tensor gather(const Tensor& x, const std::string& what);
   // grad of the extended input -> grad of the owned input (received cells added to owners).
   Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
+  // The same, accumulating in grad_ext's own memory instead of a copy of it.
+  Tensor scatter_add(Tensor&& grad_ext, const std::string& what);
   // The same without a copy, when in_place(): sends x's border to the neighbours that read
   // it; adds their gradients of it into grad.
   void gather_in_place(const Tensor& x);

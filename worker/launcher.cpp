@@ -42,14 +42,35 @@ void check_batch(const Config& config, const ShardPlan& plan) {
         plan.grid_cols));
 }
 
-BackendOptions backend_options(const Config& config, int rank, int threads) {
+// `device_slot`: this worker's index among the workers of its node; picks the local GPU.
+BackendOptions backend_options(const Config& config, int rank, int device_slot, int threads) {
   BackendOptions o;
   o.kind = config.parallel.backend;
-  o.device_index = rank % std::max(1, config.parallel.devices_per_node);
+  o.device_index = device_slot % std::max(1, config.parallel.devices_per_node);
   o.memory_budget = config.parallel.device_memory;
   o.threads = threads;
   o.name = fmt::format("rank {} {}", rank, to_string(config.parallel.backend));
   return o;
+}
+
+// This rank's index among the ranks of its node, from MPI itself: SLURM_LOCALID is also
+// set (to 0) for the batch step that runs mpirun, so the environment can mislead.
+int node_local_rank() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int rank = 0;
+  const int status = MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  MPI_CHECK(status);
+  return rank;
+}
+
+// The comm over all ranks for a trainer on `backend`: under MPI with backend cuda an
+// NcclComm on its GPU (halos and gradients stay on the device); none otherwise, so the
+// trainer keeps the MPI comm (host memory) it was given.
+std::unique_ptr<Comm> make_world_comm(const Config& config, ComputeBackend& backend) {
+  if (config.parallel.backend != Backend::CUDA) return nullptr;
+  return make_nccl_world_comm(backend);
 }
 
 GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
@@ -73,7 +94,10 @@ TrainSummary run_mpi(const Config& config, const ModelSpec& model, int world_siz
   const int threads = std::getenv("OMP_NUM_THREADS")
                           ? 0
                           : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
-  Trainer trainer(config, plan, world.rank(), world, backend_options(config, world.rank(), threads));
+  // GPUs are per node; the CPU backend has no device to pick.
+  const int slot = config.parallel.backend == Backend::CUDA ? node_local_rank() : world.rank();
+  Trainer trainer(config, plan, world.rank(), world, backend_options(config, world.rank(), slot, threads),
+                  [&config](ComputeBackend& backend) { return make_world_comm(config, backend); });
   return trainer.run();
 }
 
@@ -83,7 +107,8 @@ TrainSummary run_local(const Config& config, const ModelSpec& model) {
   ensure_data(config);
   const int world = plan.world();
   const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);
-  auto comms = LocalComm::create(world);
+  // Backend memory crosses threads through the host: a CUDA halo goes device -> host -> device.
+  auto comms = LocalComm::create(world, memory_ops(config.parallel.backend));
   std::vector<std::exception_ptr> errors(world);
   std::vector<TrainSummary> summaries(world);
   std::vector<std::thread> workers;
@@ -91,7 +116,7 @@ TrainSummary run_local(const Config& config, const ModelSpec& model) {
     workers.emplace_back([&, r] {
       set_log_rank(r, world);
       try {
-        Trainer trainer(config, plan, r, *comms[r], backend_options(config, r, threads));
+        Trainer trainer(config, plan, r, *comms[r], backend_options(config, r, r, threads));
         summaries[r] = trainer.run();
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();

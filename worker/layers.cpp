@@ -94,7 +94,7 @@ class WindowedLayer : public Layer {
       halo_.scatter_add_in_place(dext);
       return dext;
     }
-    return halo_.scatter_add(dext, "input gradient of " + label());
+    return halo_.scatter_add(std::move(dext), "input gradient of " + label());
   }
 
   HaloExchange halo_;
@@ -146,14 +146,13 @@ class Conv2DLayer : public WindowedLayer {
     const Tensor& in = kernel_input(x);
     ConvKernel& k = kernel(geom(in));
     k.backward_weights(in.data(), dy.data(), weight_grad("kernel:0"), weight_grad("bias:0"));
+    ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
     if (need_dx) {
       Tensor dext = make_dext(x);
       k.backward_data(dy.data(), weight("kernel:0"), dext.data());
-      ext_.release();
       dx = finish_dx(std::move(dext));
     }
-    ext_.release();
     return dx;
   }
 

@@ -11,8 +11,9 @@
 namespace ht {
 
 struct LocalHub {
-  explicit LocalHub(int n) : size(n), slots(n), colors(n) {}
+  LocalHub(int n, MemoryOps ops) : size(n), memory(ops), slots(n), colors(n) {}
   const int size;
+  const MemoryOps memory;  // backend memory <-> host, for every rank of this comm
   std::mutex mu;
   std::condition_variable cv;
   // Barrier state: `generation` advances each time all `size` ranks have arrived.
@@ -59,8 +60,8 @@ struct LocalHub {
   }
 };
 
-std::vector<std::unique_ptr<Comm>> LocalComm::create(int size) {
-  auto hub = std::make_shared<LocalHub>(size);
+std::vector<std::unique_ptr<Comm>> LocalComm::create(int size, MemoryOps memory) {
+  auto hub = std::make_shared<LocalHub>(size, memory);
   std::vector<std::unique_ptr<Comm>> comms;
   for (int r = 0; r < size; ++r) comms.push_back(std::make_unique<LocalComm>(hub, r));
   return comms;
@@ -89,24 +90,39 @@ void LocalComm::allreduce(T* data, size_t count) {
 }
 
 void LocalComm::allreduce_sum_host(double* data, size_t count) { allreduce(data, count); }
-void LocalComm::allreduce_sum(float* data, size_t count) { allreduce(data, count); }
+
+void LocalComm::allreduce_sum(float* data, size_t count) {
+  // Backend memory: every rank stages its input on the host, the host sum runs as for
+  // host data (rank order, the same bits), and the result goes back.
+  std::vector<float> host(count);
+  hub_->memory.copy(host.data(), data, count * sizeof(float));
+  allreduce(host.data(), count);
+  hub_->memory.copy(data, host.data(), count * sizeof(float));
+}
 
 void LocalComm::exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
+  // Messages are staged on the host outside the lock: device copies do not hold up peers.
+  std::vector<std::vector<float>> staged(sends.size());
+  for (size_t i = 0; i < sends.size(); ++i) {
+    staged[i].resize(sends[i].count);
+    hub_->memory.copy(staged[i].data(), sends[i].data, sends[i].count * sizeof(float));
+  }
   std::unique_lock<std::mutex> lock(hub_->mu);
   hub_->check();
-  for (const SendMsg& s : sends)
-    hub_->mail[{rank_, s.peer}].emplace_back(s.data, s.data + s.count);
+  for (size_t i = 0; i < sends.size(); ++i) hub_->mail[{rank_, sends[i].peer}].push_back(std::move(staged[i]));
   if (!sends.empty()) hub_->cv.notify_all();
   for (const RecvMsg& r : recvs) {
     auto& box = hub_->mail[{r.peer, rank_}];
     hub_->cv.wait(lock, [&] { return !box.empty() || hub_->aborted; });
     hub_->check();
-    std::vector<float>& msg = box.front();
+    std::vector<float> msg = std::move(box.front());
+    box.pop_front();
     if (msg.size() != r.count)
       throw std::logic_error(fmt::format("halo message from rank {} to {} has {} floats, expected {}",
                                          r.peer, rank_, msg.size(), r.count));
-    std::memcpy(r.data, msg.data(), r.count * sizeof(float));
-    box.pop_front();
+    lock.unlock();
+    hub_->memory.copy(r.data, msg.data(), r.count * sizeof(float));
+    lock.lock();
   }
 }
 
@@ -137,7 +153,7 @@ std::unique_ptr<Comm> LocalComm::split(int color) {
     }
   auto& child = hub_->children[{id, color}];
   if (!child) {
-    child = std::make_shared<LocalHub>(new_size);
+    child = std::make_shared<LocalHub>(new_size, hub_->memory);
     hub_->all_children.push_back(child);
   }
   auto comm = std::make_unique<LocalComm>(child, new_rank);

@@ -1,10 +1,13 @@
 // Comm between shards that run as threads of one process: the embedded default of
-// `halotrain train` outside MPI/Slurm. Host memory only.
+// `halotrain train` outside MPI/Slurm. Backend memory moves through host memory with the
+// backend's MemoryOps (for CUDA also between devices: a halo goes device -> host mailbox
+// -> device, never peer to peer).
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "worker/backend.hpp"
 #include "worker/comm.hpp"
 
 namespace ht {
@@ -13,8 +16,9 @@ struct LocalHub;  // state shared by the threads of one comm
 
 class LocalComm : public Comm {
  public:
-  // Creates the comms of `size` threads; element i is rank i's.
-  static std::vector<std::unique_ptr<Comm>> create(int size);
+  // Creates the comms of `size` threads; element i is rank i's. `memory` moves the
+  // backend memory of exchange() and allreduce_sum() (default: host memory).
+  static std::vector<std::unique_ptr<Comm>> create(int size, MemoryOps memory = {});
 
   LocalComm(std::shared_ptr<LocalHub> hub, int rank);
   ~LocalComm() override;

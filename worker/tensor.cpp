@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <map>
-#include <cstring>
 #include <utility>
+
+#include "kernels/cpu/host_memory.hpp"
 
 namespace ht {
 
@@ -89,11 +91,11 @@ void Allocator::trim_cache(uint64_t keep_at_most) {
 void Allocator::release_cached() { trim_cache(0); }
 
 void* Allocator::raw_allocate(size_t bytes) {
-  // 64-byte alignment for vector loads and oneDNN.
-  return std::aligned_alloc(64, block_size(bytes));
+  // 64-byte aligned (vector loads, oneDNN); large blocks on huge pages.
+  return cpu::host_alloc(block_size(bytes));
 }
 
-void Allocator::raw_deallocate(void* ptr) { std::free(ptr); }
+void Allocator::raw_deallocate(void* ptr) { cpu::host_free(ptr); }
 
 Tensor::Tensor(Allocator& alloc, int n, int c, int h, int w, const std::string& what)
     : alloc_(&alloc), n_(n), c_(c), h_(h), w_(w) {

@@ -38,8 +38,14 @@ struct Trainer::HostSnapshot {
 };
 
 Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
-                 const BackendOptions& backend_options)
-    : config_(config), plan_(plan), rank_(rank), world_(world), backend_options_(backend_options) {
+                 const BackendOptions& backend_options, DeviceWorldFactory device_world)
+    : config_(config),
+      plan_(plan),
+      rank_(rank),
+      host_world_(world),
+      world_(&world),
+      backend_options_(backend_options),
+      make_device_world_(std::move(device_world)) {
   build_device_state(nullptr);
   params_->initialize(config.seed);
   if (!config.training.init_weights.empty()) load_init_weights(config, plan.model, *params_);
@@ -55,8 +61,10 @@ Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& wo
 }
 
 void Trainer::build_device_state(const HostSnapshot* restore) {
-  group_ = world_.split(plan_.group_of(rank_));
   backend_ = make_backend(backend_options_);
+  if (make_device_world_) device_world_ = make_device_world_(*backend_);
+  world_ = device_world_ ? device_world_.get() : &host_world_;
+  group_ = world_->split(plan_.group_of(rank_));
   params_ = std::make_unique<ParamStore>(plan_.model, *backend_);
   const size_t n = params_->trainable_count();
   Allocator& a = backend_->allocator();
@@ -81,7 +89,7 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
     put(optimizer_.v, restore->v);
   }
   const int local_batch = config_.training.batch_size / plan_.groups;
-  LayerContext ctx{plan_, rank_, world_, *group_, *backend_, *params_, local_batch, config_.training.batch_size};
+  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, local_batch, config_.training.batch_size};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
 }
@@ -109,8 +117,12 @@ void Trainer::recycle_in_process() {
   test_leak_.clear();
   const std::string device = backend_->device_name();
   data_->rebind(nullptr);
-  backend_.reset();
+  // Comms on the device go first (their staging is the backend's memory); a device world
+  // comm (NCCL) is rebuilt too.
   group_.reset();
+  world_ = &host_world_;
+  device_world_.reset();
+  backend_.reset();
   build_device_state(&snapshot);
   data_->rebind(backend_.get());
   if (rank_ == 0) log().info("recycled the device state of {} (and of every other rank)", device);
@@ -139,7 +151,7 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
       break;
   }
   double total = (spatial || plan_.shard_of(rank_) == 0) ? local : 0.0;
-  world_.allreduce_sum_host(&total, 1);
+  world_->allreduce_sum_host(&total, 1);
   return total / elements;
 }
 
@@ -166,7 +178,7 @@ double Trainer::train_step(int64_t step) {
     dy = std::move(dx);
   }
   // One all-reduce of every weight gradient, summed in rank order.
-  world_.allreduce_sum(params_->grads().data(), params_->trainable_count());
+  world_->allreduce_sum(params_->grads().data(), params_->trainable_count());
   optimizer_step(step);
   return loss;
 }
@@ -185,9 +197,9 @@ void Trainer::optimizer_step(int64_t step) {
 }
 
 uint64_t Trainer::max_peak_over_ranks() {
-  std::vector<double> peaks(world_.size(), 0.0);
+  std::vector<double> peaks(world_->size(), 0.0);
   peaks[rank_] = double(backend_->allocator().peak());
-  world_.allreduce_sum_host(peaks.data(), peaks.size());
+  world_->allreduce_sum_host(peaks.data(), peaks.size());
   double best = 0;
   for (double p : peaks) best = std::max(best, p);
   return uint64_t(best);
@@ -223,7 +235,7 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   std::string path;
   if (rank_ == 0) path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
   // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
-  world_.barrier();
+  world_->barrier();
   return path;
 }
 
@@ -231,7 +243,7 @@ void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, Tra
   // Every rank agrees at the same step boundary: one all-reduce of the local requests.
   const StopRequest local = pending_stop();
   double flags[2] = {local == StopRequest::Requeue ? 1.0 : 0.0, local == StopRequest::Terminate ? 1.0 : 0.0};
-  world_.allreduce_sum_host(flags, 2);
+  world_->allreduce_sum_host(flags, 2);
   if (flags[0] == 0 && flags[1] == 0) return;
   if (!checkpoint_written) summary.checkpoint = checkpoint(steps_done);
   std::string why = "SIGTERM";
@@ -259,6 +271,9 @@ TrainSummary Trainer::run() {
     if (fresh) r.csv << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes\n";
     r.tty = isatty(fileno(stdout));
   }
+  if (start_step_ >= total && rank_ == 0)
+    log().info("nothing to train: the checkpoint is at step {} of {} (raise training.steps to go on)",
+               start_step_, total);
   const char* leak = std::getenv("HALOTRAIN_TEST_LEAK_MIB");
   const int64_t every = config_.checkpoint.every_steps;
   const int64_t recycle_every = config_.recycle.every_steps;

@@ -2,6 +2,7 @@
 // start the workers: threads of this process (the embedded default) or one MPI rank each.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -35,10 +36,15 @@ struct TrainSummary {
   uint64_t peak_device_bytes = 0;
 };
 
+// Makes the comm over all ranks that lives on a backend's device (NCCL); called after the
+// backend is created, and again after each recycle. Without a factory, or when it returns
+// null, the trainer uses the comm it was given (MPI, local threads) as is.
+using DeviceWorldFactory = std::function<std::unique_ptr<Comm>(ComputeBackend& backend)>;
+
 class Trainer {
  public:
   Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
-          const BackendOptions& backend_options);
+          const BackendOptions& backend_options, DeviceWorldFactory device_world = {});
   ~Trainer();
 
   TrainSummary run();
@@ -61,10 +67,14 @@ class Trainer {
   const Config& config_;
   const ShardPlan& plan_;
   int rank_;
-  Comm& world_;
+  Comm& host_world_;  // from the launcher
+  Comm* world_;       // host_world_, or device_world_ when there is one
   BackendOptions backend_options_;
-  std::unique_ptr<Comm> group_;
+  DeviceWorldFactory make_device_world_;
+  // Declared after the backend, so destroyed before it: device comms stage in its memory.
   std::unique_ptr<ComputeBackend> backend_;
+  std::unique_ptr<Comm> device_world_;
+  std::unique_ptr<Comm> group_;
   std::unique_ptr<ParamStore> params_;
   OptimizerState optimizer_;
   std::unique_ptr<BatchSource> data_;

@@ -7,6 +7,9 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
 
@@ -55,39 +58,125 @@ inline long argmax(const PoolGeom& g, const T* xp, const Window& w) {
 
 }  // namespace
 
+namespace {
+
+// Output columns [lo, hi) whose window lies wholly inside the image columns; they take the
+// vector path, the few others the clipped scalar one.
+struct Interior {
+  int lo, hi;
+};
+inline Interior interior_cols(const PoolGeom& g) {
+  const int wo = g.wout();
+  const int lo = std::min(wo, std::max(0, div_ceil(g.pad_left, g.stride_w)));
+  const int hi = std::min(wo, div_floor(g.win + g.pad_left - g.kw, g.stride_w) + 1);
+  return {lo, std::max(lo, hi)};
+}
+
+// The max-pool scan of one output row's interior windows, vectorised across windows: each
+// window still sees its elements in row-major order with argmax's rule (`v > best ||
+// isnan(v)`), so values and chosen indices equal the scalar scan. idx may be null.
+template <class T>
+void scan_row(const PoolGeom& g, const T* xp, int h0, int h1, Interior in, T* best, int* idx) {
+  const int sw = g.stride_w, n = in.hi - in.lo, col0 = in.lo * sw - g.pad_left;  // col0 >= 0
+  best += in.lo;
+  if (idx) idx += in.lo;
+  for (int j = 0; j < n; ++j) best[j] = -std::numeric_limits<T>::infinity();
+  if (idx)
+    for (int j = 0; j < n; ++j) idx[j] = h0 * g.win + col0 + j * sw;
+  for (int h = h0; h < h1; ++h) {
+    const T* xr = xp + long(h) * g.win + col0;
+    for (int k = 0; k < g.kw; ++k) {
+      if (idx) {
+        const int first = h * g.win + col0 + k;
+#pragma omp simd
+        for (int j = 0; j < n; ++j) {
+          const T v = xr[j * sw + k], b = best[j];
+          const bool take = v > b || v != v;
+          best[j] = take ? v : b;
+          idx[j] = take ? first + j * sw : idx[j];
+        }
+      } else {
+#pragma omp simd
+        for (int j = 0; j < n; ++j) {
+          const T v = xr[j * sw + k], b = best[j];
+          best[j] = (v > b || v != v) ? v : b;
+        }
+      }
+    }
+  }
+}
+
+inline bool int_indexable(const PoolGeom& g) { return long(g.hin) * g.win < (1L << 31) - 1; }
+
+}  // namespace
+
 template <class T>
 void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
+  const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};
+  const T ninf = -std::numeric_limits<T>::infinity();
 #pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const T* xp = x + size_t(p) * g.hin * g.win;
-    T* yp = y + size_t(p) * ho * wo;
-    for (int oh = 0; oh < ho; ++oh)
-      for (int ow = 0; ow < wo; ++ow) {
-        const long i = argmax(g, xp, window(g, oh, ow));
-        yp[oh * wo + ow] = i < 0 ? -std::numeric_limits<T>::infinity() : xp[i];
+    for (int oh = 0; oh < ho; ++oh) {
+      T* yr = y + size_t(p) * ho * wo + size_t(oh) * wo;
+      const Window rows = window(g, oh, 0);
+      if (rows.h0 >= rows.h1) {
+        std::fill(yr, yr + wo, ninf);
+        continue;
       }
+      auto scalar = [&](int ow) {
+        const long i = argmax(g, xp, window(g, oh, ow));
+        yr[ow] = i < 0 ? ninf : xp[i];
+      };
+      for (int ow = 0; ow < in.lo; ++ow) scalar(ow);
+      scan_row<T>(g, xp, rows.h0, rows.h1, in, yr, nullptr);
+      for (int ow = in.hi; ow < wo; ++ow) scalar(ow);
+    }
   }
 }
 
+// dx rows are zeroed just before the first window that reaches them, so each plane is
+// written once while in cache; overlapping windows add in the scalar kernel's order.
 template <class T>
 void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) {
   validate(g);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
-#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
-  for (long p = 0; p < planes; ++p) {
-    const T* xp = x + size_t(p) * g.hin * g.win;
-    const T* dyp = dy + size_t(p) * ho * wo;
-    T* dxp = dx + size_t(p) * g.hin * g.win;
-    std::fill(dxp, dxp + size_t(g.hin) * g.win, T(0));
-    for (int oh = 0; oh < ho; ++oh)
-      for (int ow = 0; ow < wo; ++ow) {
-        const long i = argmax(g, xp, window(g, oh, ow));
-        if (i >= 0) dxp[i] += dyp[oh * wo + ow];
+  const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};
+#pragma omp parallel if (g.x_size() > (1 << 15))
+  {
+    std::vector<T> best(wo);
+    std::vector<int> idx(wo);
+#pragma omp for schedule(static)
+    for (long p = 0; p < planes; ++p) {
+      const T* xp = x + size_t(p) * g.hin * g.win;
+      const T* dyp = dy + size_t(p) * ho * wo;
+      T* dxp = dx + size_t(p) * g.hin * g.win;
+      int zeroed = 0;  // rows [0, zeroed) of dx are initialised
+      auto zero_to = [&](int row) {
+        if (row <= zeroed) return;
+        std::fill(dxp + size_t(zeroed) * g.win, dxp + size_t(row) * g.win, T(0));
+        zeroed = row;
+      };
+      for (int oh = 0; oh < ho; ++oh) {
+        const Window rows = window(g, oh, 0);
+        zero_to(rows.h1);
+        if (rows.h0 >= rows.h1) continue;
+        const T* dyr = dyp + size_t(oh) * wo;
+        auto scalar = [&](int ow) {
+          const long i = argmax(g, xp, window(g, oh, ow));
+          if (i >= 0) dxp[i] += dyr[ow];
+        };
+        for (int ow = 0; ow < in.lo; ++ow) scalar(ow);
+        scan_row<T>(g, xp, rows.h0, rows.h1, in, best.data(), idx.data());
+        for (int ow = in.lo; ow < in.hi; ++ow) dxp[idx[ow]] += dyr[ow];
+        for (int ow = in.hi; ow < wo; ++ow) scalar(ow);
       }
+      zero_to(g.hin);
+    }
   }
 }
 

@@ -327,12 +327,29 @@ std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions& options)
   if (status != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
     const std::string why = status != cudaSuccess ? cudaGetErrorString(status) : "no device visible";
-    throw std::runtime_error("no CUDA device (driver: " + why + "); use backend: cpu");
+    throw BackendUnavailable("no CUDA device (driver: " + why + "); use backend: cpu");
   }
   if (options.device_index < 0 || options.device_index >= count)
-    throw std::runtime_error("CUDA device " + std::to_string(options.device_index) + " requested, " +
+    throw BackendUnavailable("CUDA device " + std::to_string(options.device_index) + " requested, " +
                              std::to_string(count) + " visible (CUDA_VISIBLE_DEVICES, devices_per_node)");
   return std::make_unique<cuda::CudaBackend>(options);
+}
+
+namespace {
+void cuda_copy_any(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  // Unified addressing tells host from device memory and which device. cudaMemcpy may
+  // return before a host-to-device copy has landed; the receiver (another thread, a host
+  // buffer about to be freed) needs it done, so wait for the calling thread's device.
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+}  // namespace
+
+MemoryOps cuda_memory_ops() {
+  MemoryOps ops;
+  ops.copy = &cuda_copy_any;
+  return ops;
 }
 
 }  // namespace ht

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_allocator.hpp"
+#include "kernels/cuda/cuda_backend.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace ht::cuda {
@@ -232,3 +233,13 @@ void NcclComm::abort(const std::string& why) {
 }
 
 }  // namespace ht::cuda
+
+namespace ht {
+
+std::unique_ptr<Comm> make_nccl_world_comm(ComputeBackend& backend) {
+  auto* gpu = dynamic_cast<cuda::CudaBackend*>(&backend);
+  if (!gpu) throw std::invalid_argument("make_nccl_world_comm: the NCCL comm needs the cuda backend");
+  return std::make_unique<cuda::NcclComm>(MPI_COMM_WORLD, gpu->device(), &gpu->allocator());
+}
+
+}  // namespace ht

@@ -1,0 +1,116 @@
+// The threads comm moves backend memory only through its MemoryOps (CUDA: cudaMemcpy), in
+// exchange() and allreduce_sum(), also in comms made by split(); sums stay in rank order.
+// Host memory stands in for the device here: the copy function counts its calls.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/local_comm.hpp"
+
+namespace ht {
+namespace {
+
+std::atomic<size_t> g_copied_bytes{0};
+
+void counting_copy(void* dst, const void* src, size_t bytes) {
+  g_copied_bytes += bytes;
+  std::memcpy(dst, src, bytes);
+}
+
+template <class Body>
+void on_every_rank(std::vector<std::unique_ptr<Comm>>& comms, Body body) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(comms.size());
+  for (int r = 0; r < int(comms.size()); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *comms[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        comms[r]->abort(e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (size_t r = 0; r < comms.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+MemoryOps counting_ops() {
+  MemoryOps ops;
+  ops.copy = &counting_copy;
+  return ops;
+}
+
+float value(int rank, size_t i) { return 0.1f * float(rank + 1) + 1e-7f * float(i) * float(rank * 3 + 1); }
+
+TEST(LocalCommMemoryOps, AllreduceStagesThroughTheCopyAndSumsInRankOrder) {
+  g_copied_bytes = 0;
+  const int P = 3;
+  const size_t n = 1001;
+  auto comms = LocalComm::create(P, counting_ops());
+  std::vector<std::vector<float>> data(P);
+  on_every_rank(comms, [&](int r, Comm& comm) {
+    data[r].resize(n);
+    for (size_t i = 0; i < n; ++i) data[r][i] = value(r, i);
+    comm.allreduce_sum(data[r].data(), n);
+  });
+  for (size_t i = 0; i < n; ++i) {
+    float want = 0.f;
+    for (int r = 0; r < P; ++r) want += value(r, i);
+    for (int r = 0; r < P; ++r) ASSERT_EQ(data[r][i], want) << "rank " << r << " element " << i;
+  }
+  EXPECT_EQ(g_copied_bytes.load(), size_t(P) * 2 * n * sizeof(float));  // in and out, per rank
+}
+
+TEST(LocalCommMemoryOps, ExchangeCopiesOutOfTheSenderAndIntoTheReceiver) {
+  g_copied_bytes = 0;
+  const int P = 4;
+  auto comms = LocalComm::create(P, counting_ops());
+  std::vector<std::vector<float>> got(P);
+  on_every_rank(comms, [&](int r, Comm& comm) {
+    // A ring, two messages to the next rank (matched in order), one from the previous.
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    std::vector<float> a(5, float(r)), b(3, float(10 * r));
+    got[r].assign(8, -1.f);
+    comm.exchange({{next, a.data(), a.size()}, {next, b.data(), b.size()}},
+                  {{prev, got[r].data(), 5}, {prev, got[r].data() + 5, 3}});
+  });
+  for (int r = 0; r < P; ++r) {
+    const float prev = float((r + P - 1) % P);
+    EXPECT_EQ(got[r], (std::vector<float>{prev, prev, prev, prev, prev, 10 * prev, 10 * prev, 10 * prev}));
+  }
+  EXPECT_EQ(g_copied_bytes.load(), size_t(P) * 2 * 8 * sizeof(float));  // out of a, b; into got
+}
+
+TEST(LocalCommMemoryOps, SplitCommsKeepTheCopy) {
+  g_copied_bytes = 0;
+  auto comms = LocalComm::create(4, counting_ops());
+  std::vector<float> sums(4);
+  on_every_rank(comms, [&](int r, Comm& comm) {
+    auto group = comm.split(r % 2);
+    float x = float(r + 1);
+    group->allreduce_sum(&x, 1);
+    sums[r] = x;
+  });
+  EXPECT_EQ(sums, (std::vector<float>{4.f, 6.f, 4.f, 6.f}));
+  EXPECT_EQ(g_copied_bytes.load(), size_t(4) * 2 * sizeof(float));
+}
+
+TEST(LocalCommMemoryOps, DefaultIsHostMemoryAndHostReductionsNeverCopy) {
+  EXPECT_EQ(MemoryOps{}.copy, &host_memory_copy);
+  EXPECT_EQ(memory_ops(Backend::CPU).copy, &host_memory_copy);
+  g_copied_bytes = 0;
+  auto comms = LocalComm::create(2, counting_ops());
+  on_every_rank(comms, [&](int r, Comm& comm) {
+    double d = r + 0.5;
+    comm.allreduce_sum_host(&d, 1);
+    EXPECT_EQ(d, 2.0);
+  });
+  EXPECT_EQ(g_copied_bytes.load(), 0u);
+}
+
+}  // namespace
+}  // namespace ht
