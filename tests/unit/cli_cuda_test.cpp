@@ -13,25 +13,14 @@
 
 #include "worker/backend.hpp"
 
+#include "common/run_halotrain.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(HALOTRAIN_BINARY) + " " + args + " 2>&1";
-  Result r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = ht::testing::RunResult;
+Result run(const std::string& args) { return ht::testing::run_halotrain(args); }
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -1,0 +1,30 @@
+// Runs the real `halotrain` binary of this build for end-to-end tests.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace ht::testing {
+
+struct RunResult {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+// `args` go through the shell unquoted: tests pass plain paths and values.
+inline RunResult run_halotrain(const std::string& args) {
+  const std::string cmd = std::string(HALOTRAIN_BINARY) + " " + args + " 2>&1";
+  RunResult r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace ht::testing
