@@ -3,9 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 
 namespace ht {
 
@@ -41,18 +38,12 @@ void check_shape(const Tensor& t, int n, int c, int h, int w, const char* what, 
 Tensor Layer::forward(const Tensor& x) {
   const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
   check_shape(x, ctx_.local_batch, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
-  auto t0 = std::chrono::steady_clock::now();
-  Tensor y = forward_impl(x);
-  if (getenv("HT_LT")) fprintf(stderr, "F %d %s %.2f ms\n", ctx_.rank, spec().config.name.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
-  return y;
+  return forward_impl(x);
 }
 
 Tensor Layer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
   check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
-  auto t0 = std::chrono::steady_clock::now();
-  Tensor r = backward_impl(x, y, dy, need_dx);
-  if (getenv("HT_LT")) fprintf(stderr, "B %d %s %.2f ms\n", ctx_.rank, spec().config.name.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3);
-  return r;
+  return backward_impl(x, y, dy, need_dx);
 }
 
 namespace {

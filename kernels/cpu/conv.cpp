@@ -51,39 +51,99 @@ inline Span tap_span(int out, int in, int s, int pad, int kd) {
 
 }  // namespace
 
+namespace {
+
+// The vector width the row loops are compiled for. The build targets baseline x86-64
+// (SSE2: 4 floats); the float tasks below also exist for AVX2 and AVX-512 and are picked
+// once for this CPU. Each task body is always inlined into its ISA wrapper.
+enum class Isa { Baseline, Avx2, Avx512 };
+Isa cpu_isa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+      return Isa::Avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+    return Isa::Baseline;
+  }();
+  return isa;
+}
+#define HT_AVX2 __attribute__((target("avx2,fma")))
+#define HT_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+// One (image, band of output rows) task of the forward: y = bias + sum of row axpys.
+template <class T>
+__attribute__((always_inline)) inline void forward_task(const ConvGeom& g, const T* x, const T* w,
+                                                        const T* bias, T* y, const Span* spans, int n,
+                                                        int b) {
+  const int ho = g.hout(), wo = g.wout();
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
+  const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+  for (int co = 0; co < g.cout; ++co) {
+    T* yc = y + (size_t(n) * g.cout + co) * yplane;
+    std::fill(yc + size_t(oh0) * wo, yc + size_t(oh1) * wo, bias ? bias[co] : T(0));
+    for (int ci = 0; ci < g.cin; ++ci) {
+      const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
+      const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+      for (int oh = oh0; oh < oh1; ++oh)
+        for (int r = 0; r < g.kh; ++r) {
+          const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
+          if (ih < 0 || ih >= g.hin) continue;
+          const T* xr = xc + size_t(ih) * g.win;
+          T* yr = yc + size_t(oh) * wo;
+          for (int k = 0; k < g.kw; ++k) {
+            const Span& s = spans[k];
+            axpy(s.hi - s.lo, wc[r * g.kw + k], xr + s.in0, g.stride_w, yr + s.lo, 1);
+          }
+        }
+    }
+  }
+}
+
+template <class T>
+using ForwardTask = void (*)(const ConvGeom&, const T*, const T*, const T*, T*, const Span*, int, int);
+template <class T>
+void forward_baseline(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y, const Span* sp,
+                      int n, int b) {
+  forward_task<T>(g, x, w, bias, y, sp, n, b);
+}
+HT_AVX2 void forward_avx2(const ConvGeom& g, const float* x, const float* w, const float* bias,
+                          float* y, const Span* sp, int n, int b) {
+  forward_task<float>(g, x, w, bias, y, sp, n, b);
+}
+HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w, const float* bias,
+                              float* y, const Span* sp, int n, int b) {
+  forward_task<float>(g, x, w, bias, y, sp, n, b);
+}
+template <class T>
+ForwardTask<T> forward_for_cpu() {
+  return forward_baseline<T>;
+}
+template <>
+ForwardTask<float> forward_for_cpu<float>() {
+  switch (cpu_isa()) {
+    case Isa::Avx512: return forward_avx512;
+    case Isa::Avx2: return forward_avx2;
+    default: return forward_baseline<float>;
+  }
+}
+
+}  // namespace
+
+bool conv_loops_vectorised() { return cpu_isa() != Isa::Baseline; }
+
 template <class T>
 void conv2d_forward(const ConvGeom& g, const T* x, const T* w, const T* bias, T* y) {
   validate(g);
-  const int ho = g.hout(), wo = g.wout(), bands = (ho + kBand - 1) / kBand;
-  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
+  const int ho = g.hout(), bands = (ho + kBand - 1) / kBand;
   std::vector<Span> spans(g.kw);
   for (int k = 0; k < g.kw; ++k)
-    spans[k] = tap_span(wo, g.win, g.stride_w, g.pad_left, k * g.dil_w);
+    spans[k] = tap_span(g.wout(), g.win, g.stride_w, g.pad_left, k * g.dil_w);
+  static const ForwardTask<T> task = forward_for_cpu<T>();
 
 #pragma omp parallel for collapse(2) schedule(static) if (worth_parallel(g))
   for (int n = 0; n < g.n; ++n)
-    for (int b = 0; b < bands; ++b) {
-      const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
-      for (int co = 0; co < g.cout; ++co) {
-        T* yc = y + (size_t(n) * g.cout + co) * yplane;
-        std::fill(yc + size_t(oh0) * wo, yc + size_t(oh1) * wo, bias ? bias[co] : T(0));
-        for (int ci = 0; ci < g.cin; ++ci) {
-          const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
-          const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
-          for (int oh = oh0; oh < oh1; ++oh)
-            for (int r = 0; r < g.kh; ++r) {
-              const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
-              if (ih < 0 || ih >= g.hin) continue;
-              const T* xr = xc + size_t(ih) * g.win;
-              T* yr = yc + size_t(oh) * wo;
-              for (int k = 0; k < g.kw; ++k) {
-                const Span& s = spans[k];
-                axpy(s.hi - s.lo, wc[r * g.kw + k], xr + s.in0, g.stride_w, yr + s.lo, 1);
-              }
-            }
-        }
-      }
-    }
+    for (int b = 0; b < bands; ++b) task(g, x, w, bias, y, spans.data(), n, b);
 }
 
 // Gather by input row: each task owns a band of dx rows for every channel, so the
@@ -126,13 +186,78 @@ void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx) {
     }
 }
 
+namespace {
+
+// The work of one (image, band of output rows) task of the weight gradient, added to the
+// thread's double slot `a` (dw, then dbias). Always inlined, so each ISA wrapper below
+// compiles it with its own vector width.
+template <class T>
+__attribute__((always_inline)) inline void bwd_weights_task(const ConvGeom& g, const T* x, const T* dy,
+                                                            const Span* spans, int n, int b,
+                                                            double* a) {
+  const int ho = g.hout(), wo = g.wout();
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo, nw = g.w_size();
+  const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+  for (int co = 0; co < g.cout; ++co) {
+    const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
+    for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
+    for (int ci = 0; ci < g.cin; ++ci) {
+      const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
+      double* ac = a + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+      for (int oh = oh0; oh < oh1; ++oh)
+        for (int r = 0; r < g.kh; ++r) {
+          const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
+          if (ih < 0 || ih >= g.hin) continue;
+          const T* xr = xc + size_t(ih) * g.win;
+          const T* yr = yc + size_t(oh) * wo;
+          for (int k = 0; k < g.kw; ++k) {
+            const Span& s = spans[k];
+            ac[r * g.kw + k] += dot(s.hi - s.lo, yr + s.lo, xr + s.in0, g.stride_w);
+          }
+        }
+    }
+  }
+}
+
+template <class T>
+using BwdWeightsTask = void (*)(const ConvGeom&, const T*, const T*, const Span*, int, int, double*);
+
+template <class T>
+void bwd_weights_portable(const ConvGeom& g, const T* x, const T* dy, const Span* sp, int n, int b,
+                          double* a) {
+  bwd_weights_task<T>(g, x, dy, sp, n, b, a);
+}
+HT_AVX2 void bwd_weights_avx2(const ConvGeom& g, const float* x,
+                                                           const float* dy, const Span* sp, int n,
+                                                           int b, double* a) {
+  bwd_weights_task<float>(g, x, dy, sp, n, b, a);
+}
+HT_AVX512 void bwd_weights_avx512(
+    const ConvGeom& g, const float* x, const float* dy, const Span* sp, int n, int b, double* a) {
+  bwd_weights_task<float>(g, x, dy, sp, n, b, a);
+}
+
+template <class T>
+BwdWeightsTask<T> bwd_weights_for_cpu() {
+  return bwd_weights_portable<T>;
+}
+template <>
+BwdWeightsTask<float> bwd_weights_for_cpu<float>() {
+  switch (cpu_isa()) {
+    case Isa::Avx512: return bwd_weights_avx512;
+    case Isa::Avx2: return bwd_weights_avx2;
+    default: return bwd_weights_portable<float>;
+  }
+}
+
+}  // namespace
+
 // Each thread accumulates dW (in double) over its bands into a private slot; slots are
 // summed in thread order, so the result is deterministic for a given thread count.
 template <class T>
 void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, T* dbias) {
   validate(g);
   const int ho = g.hout(), wo = g.wout(), bands = (ho + kBand - 1) / kBand;
-  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
   const size_t nw = g.w_size(), slot = nw + g.cout;
   std::vector<Span> spans(g.kw);
   for (int k = 0; k < g.kw; ++k)
@@ -140,34 +265,14 @@ void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, 
   const int nthr =
       worth_parallel(g) ? std::max(1, std::min(omp_get_max_threads(), g.n * bands)) : 1;
   std::vector<double> acc(size_t(nthr) * slot, 0.0);
+  static const BwdWeightsTask<T> task = bwd_weights_for_cpu<T>();
 
 #pragma omp parallel num_threads(nthr)
   {
     double* a = acc.data() + size_t(omp_get_thread_num()) * slot;
 #pragma omp for collapse(2) schedule(static)
     for (int n = 0; n < g.n; ++n)
-      for (int b = 0; b < bands; ++b) {
-        const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
-        for (int co = 0; co < g.cout; ++co) {
-          const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
-          for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
-          for (int ci = 0; ci < g.cin; ++ci) {
-            const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
-            double* ac = a + (size_t(co) * g.cin + ci) * g.kh * g.kw;
-            for (int oh = oh0; oh < oh1; ++oh)
-              for (int r = 0; r < g.kh; ++r) {
-                const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
-                if (ih < 0 || ih >= g.hin) continue;
-                const T* xr = xc + size_t(ih) * g.win;
-                const T* yr = yc + size_t(oh) * wo;
-                for (int k = 0; k < g.kw; ++k) {
-                  const Span& s = spans[k];
-                  ac[r * g.kw + k] += dot(s.hi - s.lo, yr + s.lo, xr + s.in0, g.stride_w);
-                }
-              }
-          }
-        }
-      }
+      for (int b = 0; b < bands; ++b) task(g, x, dy, spans.data(), n, b, a);
   }
   for (size_t i = 0; i < slot; ++i) {
     double t = 0;

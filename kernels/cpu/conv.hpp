@@ -26,11 +26,17 @@ void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx);
 template <class T>
 void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, T* dbias);
 
+// True when the float loops above run on AVX2 or AVX-512 on this CPU (chosen at run
+// time; the build itself targets baseline x86-64).
+bool conv_loops_vectorised();
+
 // The fast float path. Primitives are built on first use and rebuilt when the calling
 // thread's OpenMP thread count changes. Inputs and outputs are plain NCHW / OIHW; when
 // oneDNN prefers a blocked layout the data is reordered through a per-thread scratch
 // area that is shared by all instances (see workspace_bytes()). Same semantics as the
-// plain loops; not safe to call one instance from two threads at once.
+// plain loops; not safe to call one instance from two threads at once. With one input
+// channel, backward weights (and forward, when the loops are vectorised) run the loop
+// kernels above: faster there than oneDNN's padded 16-channel blocks (conv_dnnl.cpp).
 class DnnlConv2d {
  public:
   explicit DnnlConv2d(const ConvGeom& g);

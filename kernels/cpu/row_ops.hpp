@@ -8,7 +8,7 @@ inline int div_ceil(int a, int b) { return -div_floor(-a, b); }
 
 // y[j*sy] += a * x[j*sx], j < n. The unit-stride case gets its own loop so it vectorizes.
 template <class T>
-inline void axpy(int n, T a, const T* x, int sx, T* y, int sy) {
+__attribute__((always_inline)) inline void axpy(int n, T a, const T* x, int sx, T* y, int sy) {
   if (sx == 1 && sy == 1) {
 #pragma omp simd
     for (int j = 0; j < n; ++j) y[j] += a * x[j];
@@ -20,7 +20,7 @@ inline void axpy(int n, T a, const T* x, int sx, T* y, int sy) {
 // sum_j a[j] * b[j*sb], accumulated in T along one row (rows are short) and returned in
 // double so long reductions over many rows stay accurate in float.
 template <class T>
-inline double dot(int n, const T* a, const T* b, int sb) {
+__attribute__((always_inline)) inline double dot(int n, const T* a, const T* b, int sb) {
   T s = 0;
   if (sb == 1) {
 #pragma omp simd reduction(+ : s)
@@ -32,7 +32,7 @@ inline double dot(int n, const T* a, const T* b, int sb) {
 }
 
 template <class T>
-inline double sum(int n, const T* a) {
+__attribute__((always_inline)) inline double sum(int n, const T* a) {
   T s = 0;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j];
