@@ -34,9 +34,10 @@ std::string short_name(const std::string& stored) { return stored.substr(stored.
 
 std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("({})", fmt::join(s, ", ")); }
 
-// Keeps the newest `keep` ckpt-<step>.h5 files of `dir`.
-void prune(const fs::path& dir, int keep) {
+// ckpt-<step>.h5 files of run_dir/checkpoints, newest first.
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
+  if (!fs::is_directory(dir)) return found;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
@@ -45,8 +46,14 @@ void prune(const fs::path& dir, int keep) {
     } catch (const std::exception&) {
     }
   }
-  std::sort(found.begin(), found.end());
-  for (size_t i = 0; i + size_t(std::max(keep, 1)) < found.size(); ++i) fs::remove(found[i].second);
+  std::sort(found.rbegin(), found.rend());
+  return found;
+}
+
+// Keeps the newest `keep` ckpt-<step>.h5 files of `dir`.
+void prune(const fs::path& dir, int keep) {
+  const auto found = list_checkpoints(dir);
+  for (size_t i = size_t(std::max(keep, 1)); i < found.size(); ++i) fs::remove(found[i].second);
 }
 
 }  // namespace
@@ -163,22 +170,6 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
 namespace ht {
 
 namespace {
-
-// ckpt-<step>.h5 files of run_dir/checkpoints, newest first.
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> found;
-  if (!fs::is_directory(dir)) return found;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
-    try {
-      found.emplace_back(std::stoll(name.substr(5)), e.path());
-    } catch (const std::exception&) {
-    }
-  }
-  std::sort(found.rbegin(), found.rend());
-  return found;
-}
 
 // "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
 std::string checkpoint_problem(const std::string& path) {

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "worker/backend.hpp"
+
 namespace ht::testing {
 
 struct RunResult {
@@ -25,6 +27,19 @@ inline RunResult run_halotrain(const std::string& args) {
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// "" when a CUDA device answers here, else why not (the message users would see).
+inline std::string why_no_cuda() {
+  try {
+    BackendOptions o;
+    o.kind = Backend::CUDA;
+    o.name = "probe";
+    make_backend(o);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 }  // namespace ht::testing

@@ -28,18 +28,7 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// "" when a CUDA device answers here, else why not (the message users would see).
-std::string why_no_cuda() {
-  try {
-    ht::BackendOptions o;
-    o.kind = ht::Backend::CUDA;
-    o.name = "probe";
-    ht::make_backend(o);
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
+using ht::testing::why_no_cuda;
 
 TEST(CliCuda, NoUsableGpuIsOneUserErrorNamingTheFix) {
   const std::string why = why_no_cuda();

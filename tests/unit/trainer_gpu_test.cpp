@@ -27,18 +27,7 @@ namespace {
 using Result = ht::testing::RunResult;
 Result run(const std::string& args) { return ht::testing::run_halotrain(args); }
 
-// "" when a CUDA device answers here, else why not.
-std::string why_no_cuda() {
-  try {
-    ht::BackendOptions o;
-    o.kind = ht::Backend::CUDA;
-    o.name = "probe";
-    ht::make_backend(o);
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-}
+using ht::testing::why_no_cuda;
 
 class TrainerGpuTest : public ::testing::Test {
  protected:
