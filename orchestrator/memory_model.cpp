@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
+
+#include "orchestrator/activation_plan.hpp"
 
 namespace ht {
 
@@ -13,12 +16,6 @@ constexpr uint64_t kFloat = sizeof(float);
 // Bytes of `rect` for `channels` planes of `batch` images.
 uint64_t bytes_of(const Rect& rect, int channels, int batch) {
   return uint64_t(rect.area()) * uint64_t(channels) * uint64_t(batch) * kFloat;
-}
-
-// Per-pixel losses read a target tile beside the image tile.
-bool spatial_loss(const ModelSpec& m) {
-  return m.spatial_layers == int(m.layers.size()) &&
-         m.layers.back().config.type != LayerType::GlobalAvgPool;
 }
 
 uint64_t fixed_bytes(const Config& config, const ModelSpec& m, uint64_t* params, uint64_t* grads,
@@ -52,8 +49,14 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // A lower bound on the busiest rank of any S-shard grid: the mean over ranks. Owned
   // tiles partition the image and the halo-extended inputs cover the whole one, so the
   // sharded input, activations and transient sum to at least the unsharded ones.
-  const MemoryEstimate whole = estimate_memory(config, make_shard_plan(model, {1, 1}, groups), 0);
-  const uint64_t scaled = whole.input + whole.activations + whole.transient;
+  // Only under keep: offload and recompute shrink the activations by other rules.
+  uint64_t scaled = 0;
+  if (config.parallel.activations == ActivationPolicy::Keep) {
+    const ShardPlan whole_plan = make_shard_plan(model, {1, 1}, groups);
+    const MemoryEstimate whole =
+        estimate_memory(config, whole_plan, 0, uniform_policies(model, ActivationPolicy::Keep));
+    scaled = whole.input + whole.activations + whole.transient;
+  }
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
     if (res.fixed + scaled / uint64_t(s) > config.parallel.device_memory) continue;
     std::optional<GridShape> best;
@@ -102,47 +105,252 @@ int local_device_of(const Config& config, int rank) {
   return rank % std::max(config.parallel.devices_per_node, 1);
 }
 
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank) {
-  const ModelSpec& m = plan.model;
-  MemoryEstimate e;
-  e.rank = rank;
-  e.local_batch = local_batch(config, plan);
-  const int b = e.local_batch;
-  fixed_bytes(config, m, &e.params, &e.grads, &e.optimizer);
-
-  e.input = bytes_of(plan.owned_image(rank), m.input.c, b);
-  if (spatial_loss(m)) e.input += bytes_of(plan.owned_output(int(m.layers.size()) - 1, rank), 1, b);
-
-  for (int l = 0; l < int(m.layers.size()); ++l) {
-    const LayerSpec& L = m.layers[l];
-    const uint64_t out = bytes_of(plan.owned_output(l, rank), L.out.c, b);
-    // Windowed layers read (and get gradients for) the extended input, halo included.
-    const Rect in_rect = L.windowed() ? plan.needed_input(l, rank) : plan.owned_input(l, rank);
-    const uint64_t in = bytes_of(in_rect, L.in.c, b);
-    e.activations += out + (L.windowed() ? in : 0);
-    e.transient = std::max(e.transient, out + in);  // dY and dX of one layer at a time
-    uint64_t staging = 0;
-    for (HaloPhase ph : kPhases) {
-      for (const HaloRegion& r : plan.receives(l, rank, ph)) staging += bytes_of(r.rect, L.in.c, b);
-      for (const HaloRegion& r : plan.sends(l, rank, ph)) staging += bytes_of(r.rect, L.in.c, b);
-    }
-    e.halo = std::max(e.halo, staging);
+LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy) {
+  LayerPolicies p(model.layers.size(), ActivationPolicy::Keep);
+  if (policy == ActivationPolicy::Auto) return p;
+  for (int l = 0; l < int(p.size()); ++l) {
+    if (!policy_applies(model, l)) continue;
+    // Recompute keeps the outputs where the resolution drops (pools, strided convs): they
+    // are the cheapest segment boundaries, and each segment is recomputed once.
+    const LayerSpec& L = model.layers[l];
+    const bool boundary = L.rows.stride > 1 || L.cols.stride > 1;
+    p[l] = policy == ActivationPolicy::Recompute && boundary ? ActivationPolicy::Keep : policy;
   }
-  e.total = e.params + e.grads + e.optimizer + e.input + e.activations + e.transient + e.workspace + e.halo;
-  return e;
+  return p;
 }
 
-MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan) {
+bool policy_applies(const ModelSpec& model, int layer) {
+  // The last layer's output goes straight to the loss; the vector layers are tiny.
+  return layer + 1 < int(model.layers.size()) && model.layers[layer].spatial;
+}
+
+namespace {
+
+// One step of one rank, replayed allocation by allocation. The order of every alloc and
+// free below is the worker's; a change there must be mirrored here (memory tests compare
+// the two on real runs).
+class StepReplay {
+ public:
+  enum Kind { kParams, kGrads, kOptimizer, kInput, kActivations, kTransient, kWorkspace, kHalo, kKinds };
+
+  StepReplay(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies)
+      : config_(config), plan_(plan), m_(plan.model), rank_(rank), policy_(policies),
+        b_(local_batch(config, plan)) {}
+
+  MemoryEstimate run() {
+    uint64_t p, g, o;
+    fixed_bytes(config_, m_, &p, &g, &o);
+    alloc(kParams, p);
+    alloc(kGrads, g);
+    alloc(kOptimizer, o);
+    step();
+    MemoryEstimate e;
+    e.rank = rank_;
+    e.local_batch = b_;
+    e.params = at_peak_[kParams];
+    e.grads = at_peak_[kGrads];
+    e.optimizer = at_peak_[kOptimizer];
+    e.input = at_peak_[kInput];
+    e.activations = at_peak_[kActivations];
+    e.transient = at_peak_[kTransient];
+    e.workspace = at_peak_[kWorkspace];
+    e.halo = at_peak_[kHalo];
+    e.total = peak_;
+    e.host_offload = host_peak_;
+    return e;
+  }
+
+ private:
+  // Where act[i] (the input of layer i; act[0] the image tile) lives.
+  enum class Where { Device, Host, Dropped, Freed };
+
+  void alloc(Kind k, uint64_t bytes) {
+    live_[k] += bytes;
+    total_ += bytes;
+    if (total_ > peak_) {
+      peak_ = total_;
+      std::copy(std::begin(live_), std::end(live_), std::begin(at_peak_));
+    }
+  }
+  void release(Kind k, uint64_t bytes) {
+    live_[k] -= bytes;
+    total_ -= bytes;
+  }
+
+  int layers() const { return int(m_.layers.size()); }
+  const LayerSpec& spec(int l) const { return m_.layers[l]; }
+  bool windowed(int l) const { return spec(l).windowed(); }
+  bool in_place(int l) const { return plan_.needed_input(l, rank_) == plan_.owned_input(l, rank_); }
+  // Whether layer l keeps its extended input from forward to backward (worker/layers.cpp).
+  bool keeps_ext(int l) const {
+    return windowed(l) && !in_place(l) && policy_[l] == ActivationPolicy::Keep &&
+           spec(l).config.type != LayerType::AvgPool2D;
+  }
+  // A windowed layer that does not keep gathers its input again for backward, on every rank
+  // alike (the neighbours' halos come from the same exchange): convolution for its weight
+  // gradient, max pooling for its input gradient. Average pooling reads no input.
+  bool regathers(int l, bool need_dx) const {
+    const LayerType t = spec(l).config.type;
+    return windowed(l) && policy_[l] != ActivationPolicy::Keep &&
+           (t == LayerType::Conv2D || (t == LayerType::MaxPool2D && need_dx));
+  }
+
+  uint64_t act_bytes(int i) const {
+    if (i == 0) return bytes_of(plan_.owned_image(rank_), m_.input.c, b_);
+    const int l = i - 1;
+    const Rect r = spec(l).spatial ? plan_.owned_output(l, rank_) : Rect{{0, 1}, {0, 1}};
+    return bytes_of(r, spec(l).out.c, b_);
+  }
+  uint64_t ext_bytes(int l) const { return bytes_of(plan_.needed_input(l, rank_), spec(l).in.c, b_); }
+  uint64_t owned_in_bytes(int l) const { return bytes_of(plan_.owned_input(l, rank_), spec(l).in.c, b_); }
+
+  // One phase of an exchange: a send and a receive buffer at once, freed at its end.
+  void phase(int l, HaloPhase ph) {
+    uint64_t send = 0, recv = 0;
+    for (const HaloRegion& r : plan_.sends(l, rank_, ph)) send += bytes_of(r.rect, spec(l).in.c, b_);
+    for (const HaloRegion& r : plan_.receives(l, rank_, ph)) recv += bytes_of(r.rect, spec(l).in.c, b_);
+    alloc(kHalo, send + recv);
+    release(kHalo, send + recv);
+  }
+  // HaloExchange::gather / gather_in_place; returns the bytes of the extended copy.
+  uint64_t gather(int l, Kind k) {
+    const uint64_t ext = in_place(l) ? 0 : ext_bytes(l);
+    alloc(k, ext);
+    phase(l, HaloPhase::Rows);
+    phase(l, HaloPhase::Cols);
+    return ext;
+  }
+
+  void forward(int l, bool recompute) {
+    const bool w = windowed(l);
+    uint64_t ext = 0;
+    if (w) ext = gather(l, kActivations);
+    alloc(kActivations, act_bytes(l + 1));
+    if (w && !cuda_workspace_ && spec(l).config.type == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) {
+      alloc(kWorkspace, kConvWorkspaceLimit);
+      cuda_workspace_ = true;
+    }
+    // A recomputed layer is not keep (the recompute policy), so drops its extended input.
+    if (w && (recompute || !keeps_ext(l))) release(kActivations, ext);
+    where_[l + 1] = Where::Device;
+  }
+
+  // The input of layer l is on the device (fetched, or recomputed from the last stored one).
+  void restore_input(int l) {
+    if (where_[l] == Where::Host) {
+      alloc(kActivations, act_bytes(l));
+      host_ -= act_bytes(l);
+      where_[l] = Where::Device;
+    } else if (where_[l] == Where::Dropped) {
+      int k = l - 1;
+      while (where_[k] == Where::Dropped) --k;
+      restore_input(k);
+      for (int j = k; j < l; ++j) forward(j, true);
+    }
+  }
+
+  void backward(int l) {
+    const bool need_dx = l > 0;
+    const uint64_t dy = act_bytes(l + 1);
+    const LayerType t = spec(l).config.type;
+    uint64_t dx = 0;
+    if (windowed(l)) {
+      uint64_t ext = keeps_ext(l) ? ext_bytes(l) : 0;
+      Kind ext_kind = kActivations;
+      if (regathers(l, need_dx)) {
+        ext = gather(l, kTransient);
+        ext_kind = kTransient;
+      }
+      if (t == LayerType::Conv2D) release(ext_kind, ext);  // backward_data needs only dy
+      if (need_dx) {
+        alloc(kTransient, ext_bytes(l));  // gradient of the extended input
+        if (t != LayerType::Conv2D) release(ext_kind, ext);
+        phase(l, HaloPhase::Cols);
+        phase(l, HaloPhase::Rows);
+        if (!in_place(l)) {
+          alloc(kTransient, owned_in_bytes(l));
+          release(kTransient, ext_bytes(l));
+        }
+        dx = owned_in_bytes(l);
+      } else if (t != LayerType::Conv2D) {
+        release(ext_kind, ext);
+      }
+    } else if (need_dx) {
+      dx = owned_in_bytes(l);
+      alloc(kTransient, dx);
+    }
+    release(kActivations, act_bytes(l + 1));  // the output (acts[l + 1])
+    where_[l + 1] = Where::Freed;
+    release(kTransient, dy);  // the output gradient gives way to dx
+  }
+
+  void step() {
+    const int L = layers();
+    const bool spatial_out = m_.spatial_layers == L;
+    const uint64_t targets =
+        spatial_out ? bytes_of(plan_.owned_output(L - 1, rank_), 1, b_) : uint64_t(b_) * m_.output().c * kFloat;
+    where_.assign(L + 1, Where::Freed);
+    alloc(kInput, act_bytes(0));
+    alloc(kInput, targets);
+    where_[0] = Where::Device;
+    for (int l = 0; l < L; ++l) {
+      forward(l, false);
+      // Layer l was the last reader of act[l]: layer l - 1's policy decides where it waits.
+      if (l > 0 && policy_[l - 1] == ActivationPolicy::Offload) {
+        release(kActivations, act_bytes(l));
+        host_ += act_bytes(l);
+        host_peak_ = std::max(host_peak_, host_);
+        where_[l] = Where::Host;
+      } else if (l > 0 && policy_[l - 1] == ActivationPolicy::Recompute) {
+        release(kActivations, act_bytes(l));
+        where_[l] = Where::Dropped;
+      }
+    }
+    alloc(kTransient, act_bytes(L));  // the loss gradient
+    for (int l = L - 1; l >= 0; --l) {
+      restore_input(l);
+      backward(l);
+    }
+  }
+
+  const Config& config_;
+  const ShardPlan& plan_;
+  const ModelSpec& m_;
+  int rank_;
+  const LayerPolicies& policy_;
+  int b_;
+  std::vector<Where> where_;
+  bool cuda_workspace_ = false;
+  uint64_t live_[kKinds] = {}, at_peak_[kKinds] = {};
+  uint64_t total_ = 0, peak_ = 0, host_ = 0, host_peak_ = 0;
+};
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
+                               const LayerPolicies& policies) {
+  return StepReplay(config, plan, rank, policies).run();
+}
+
+MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
   // Sample groups are copies of group 0: its shards cover every distinct tile.
-  MemoryEstimate best = estimate_memory(config, plan, 0);
+  MemoryEstimate best = estimate_memory(config, plan, 0, policies);
   for (int r = 1; r < plan.shards(); ++r) {
-    MemoryEstimate e = estimate_memory(config, plan, r);
+    MemoryEstimate e = estimate_memory(config, plan, r, policies);
     if (e.total > best.total) best = e;
   }
   return best;
 }
 
-HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) {
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank) {
+  return estimate_memory(config, plan, rank, activation_policies(config, plan));
+}
+
+MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan) {
+  return estimate_memory_max(config, plan, activation_policies(config, plan));
+}
+
+HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies) {
   HaloTraffic t;
   const int b = local_batch(config, plan);
   const int node = node_of(config, rank);
@@ -150,15 +358,21 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) 
     (node_of(config, peer) == node ? t.intra_node : t.inter_node) += bytes;
   };
   for (int l = 0; l < int(plan.layers.size()); ++l) {
-    const int cin = plan.model.layers[l].in.c;
+    const LayerSpec& L = plan.model.layers[l];
+    const bool regather = L.windowed() && policies[l] != ActivationPolicy::Keep &&
+                          (L.config.type == LayerType::Conv2D || (L.config.type == LayerType::MaxPool2D && l > 0));
     for (HaloPhase ph : kPhases) {
-      // Forward: halos to the peers that need them. Backward: the gradient of every
-      // received region goes back to its owner.
-      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, bytes_of(r.rect, cin, b));
-      for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, bytes_of(r.rect, cin, b));
+      // Forward: halos to the peers that need them (twice when gathered again for
+      // backward). Backward: the gradient of every received region goes back to its owner.
+      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, bytes_of(r.rect, L.in.c, b) * (regather ? 2 : 1));
+      for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, bytes_of(r.rect, L.in.c, b));
     }
   }
   return t;
+}
+
+HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) {
+  return halo_traffic(config, plan, rank, activation_policies(config, plan));
 }
 
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {

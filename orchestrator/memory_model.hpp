@@ -1,14 +1,18 @@
 // MemoryModel: bytes per device predicted from the shard plan, halo traffic per step, and
 // the choice of grid for `parallel.grid: auto`. Pure: no device, no MPI, no data.
 //
-// It mirrors the worker's keep policy: every layer keeps its output (owned region, local
-// batch) until backward, and every windowed layer also keeps its extended input (the
-// needed_input rectangle). Everything is float32.
+// The peak is found by replaying one training step's allocations and frees in the order
+// the worker makes them (worker/trainer.cpp, worker/layers.cpp, worker/halo_exchange.cpp),
+// under the per-layer activation policies of the plan: keep (saved until backward),
+// offload (moved to a host pool between forward and backward) or recompute (dropped, and
+// the run of dropped layers is recomputed from the last stored activation during
+// backward). Everything is float32.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
@@ -19,19 +23,35 @@ namespace ht {
 // The most shards `grid: auto` and the "smallest grid that fits" search consider.
 constexpr int kMaxAutoShards = 256;
 
-// Bytes one rank holds at its peak (a step's backward pass).
+// Per layer: what happens to the activations saved for its backward (its output, and the
+// halo-extended input of a windowed layer) between forward and backward. Keep, Offload or
+// Recompute only (never Auto). The last layer and the layers after the global pool always
+// keep.
+using LayerPolicies = std::vector<ActivationPolicy>;
+// Every layer that can take `policy` gets it, except that Recompute keeps the outputs of
+// strided layers as segment boundaries.
+LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy);
+// Layers whose policy may be other than Keep.
+bool policy_applies(const ModelSpec& model, int layer);
+
+// The CUDA backend's cuDNN workspace: shared by every convolution of a backend, at most
+// this large (it is the largest any algorithm chosen under the limit asked for).
+constexpr uint64_t kConvWorkspaceLimit = uint64_t(256) << 20;
+
+// Bytes one rank holds at the moment of its peak, by kind. The kinds add up to the total.
 struct MemoryEstimate {
   int rank = 0;
   int local_batch = 0;      // images per step on this rank (batch_size / groups, rounded up)
   uint64_t params = 0;      // every weight, BN moving statistics included
   uint64_t grads = 0;       // one per trainable weight
   uint64_t optimizer = 0;   // adam: 2 x trainable; sgd: 1 x trainable with momentum, else 0
-  uint64_t input = 0;       // the image tile (+ the mask tile for per-pixel losses)
-  uint64_t activations = 0; // kept for backward: outputs, and extended inputs of windowed layers
-  uint64_t transient = 0;   // peak gradient buffers of one layer's backward
-  uint64_t workspace = 0;   // kernel scratch (cuDNN); 0 for now
-  uint64_t halo = 0;        // staging for one layer's exchange (receive + send buffers)
-  uint64_t total = 0;       // the predicted peak: the sum of the above
+  uint64_t input = 0;       // the image tile and the targets
+  uint64_t activations = 0; // saved for backward: layer outputs, extended inputs of windowed layers
+  uint64_t transient = 0;   // gradients in flight, inputs gathered again for a backward
+  uint64_t workspace = 0;   // cuDNN workspace (CUDA backend)
+  uint64_t halo = 0;        // staging of the exchange running at the peak (send + receive)
+  uint64_t total = 0;       // the predicted peak device bytes: the sum of the above
+  uint64_t host_offload = 0;  // peak of the host pool holding offloaded activations
 };
 
 // Halo bytes one rank SENDS per step: forward halos plus backward halo gradients, split by
@@ -46,12 +66,19 @@ int local_batch(const Config& config, const ShardPlan& plan);
 int node_of(const Config& config, int rank);          // rank / devices_per_node
 int local_device_of(const Config& config, int rank);  // rank % devices_per_node
 
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank);
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
+                               const LayerPolicies& policies);
 // The estimate of the rank with the largest total (the one that decides whether it fits).
+MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
+// The same under the policies the plan chooses (activation_policies(), activation_plan.hpp).
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank);
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);
 
-HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank);
-HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan);  // summed over ranks
+// Windowed layers that do not keep their extended input gather it again for backward:
+// their forward halo moves twice.
+HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies);
+HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank);  // chosen policies
+HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan);     // summed over ranks
 
 // Every rank's predicted peak is within parallel.device_memory.
 bool plan_fits(const Config& config, const ShardPlan& plan);

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "orchestrator/activation_plan.hpp"
+
 namespace ht {
 
 namespace {
@@ -36,17 +38,32 @@ std::string window_text(const LayerSpec& l) {
 int nodes_used(const Config& config, const ShardPlan& plan) { return node_of(config, plan.world() - 1) + 1; }
 
 // Every rank's estimate, computed once for both renderers.
-std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan) {
+std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan,
+                                          const LayerPolicies& policies) {
   std::vector<MemoryEstimate> v;
   for (int r = 0; r < plan.world(); ++r) {
     if (r < plan.shards()) {
-      v.push_back(estimate_memory(config, plan, r));
+      v.push_back(estimate_memory(config, plan, r, policies));
     } else {  // sample groups are copies of group 0
       v.push_back(v[plan.shard_of(r)]);
       v.back().rank = r;
     }
   }
   return v;
+}
+
+// "conv2d_1, batch_normalization_1" for the layers with policy p, or "none".
+std::string layers_with(const ModelSpec& m, const LayerPolicies& policies, ActivationPolicy p) {
+  std::string out;
+  for (size_t l = 0; l < policies.size(); ++l)
+    if (policies[l] == p) out += (out.empty() ? "" : ", ") + m.layers[l].config.name;
+  return out.empty() ? "none" : out;
+}
+
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.0f} us", s * 1e6);
 }
 
 }  // namespace
@@ -68,16 +85,19 @@ HaloWidths halo_widths(const ShardPlan& plan, int layer) {
 }
 
 std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
-  const MemoryEstimate e = estimate_memory_max(config, plan);
+  const MemoryEstimate e = estimate_memory_max(config, plan, activation_policies(config, plan));
   const uint64_t budget = config.parallel.device_memory;
   if (e.total <= budget) return "";
   std::string msg = fmt::format(
       "{}: parallel.grid [{}, {}] does not fit: rank {} needs {} per device (params {}, grads {}, "
-      "optimizer {}, activations {}, transient {}, halo {}, input {}) but parallel.device_memory is {}; ",
+      "optimizer {}, activations {}, transient {}, halo {}, input {}) but parallel.device_memory is {}{}; ",
       config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols, e.rank,
       format_size(e.total), format_size(e.params), format_size(e.grads), format_size(e.optimizer),
       format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
-      format_size(budget));
+      format_size(budget),
+      config.parallel.activations == ActivationPolicy::Auto
+          ? " (with the best of keep, offload and recompute per layer)"
+          : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));
   if (const auto g = smallest_fitting_grid(config, model, plan.groups))
     return msg + fmt::format("smallest grid that fits: [{}, {}] (set parallel.grid: [{}, {}] or auto)",
                              g->rows, g->cols, g->rows, g->cols);
@@ -92,7 +112,8 @@ std::string fit_verdict(const Config& config, const ModelSpec& model, const Shar
 std::string render_plan_text(const Config& config, const ShardPlan& plan) {
   const ModelSpec& m = plan.model;
   const uint64_t budget = config.parallel.device_memory;
-  const std::vector<MemoryEstimate> est = all_estimates(config, plan);
+  const LayerPolicies policies = activation_policies(config, plan);
+  const std::vector<MemoryEstimate> est = all_estimates(config, plan, policies);
   std::string s;
   auto line = [&s](const std::string& t) { s += t + "\n"; };
 
@@ -139,19 +160,45 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
   if (!any_windowed) line("  (no windowed layers: nothing is exchanged)");
   line("");
 
-  line(fmt::format("memory per rank (budget parallel.device_memory = {}):", format_size(budget)));
-  line(fmt::format("  {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {}", "rank",
-                   "params", "grads", "optimizer", "input", "activations", "transient", "halo",
-                   "workspace", "total", "verdict"));
-  for (const MemoryEstimate& e : est)
-    line(fmt::format("  {:>5} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {}", e.rank,
-                     format_size(e.params), format_size(e.grads), format_size(e.optimizer),
-                     format_size(e.input), format_size(e.activations), format_size(e.transient),
-                     format_size(e.halo), format_size(e.workspace), format_size(e.total),
-                     e.total <= budget ? "FITS" : "DOES NOT FIT"));
+  line(fmt::format("activations kept for backward (parallel.activations: {}):",
+                   to_string(config.parallel.activations)));
+  const auto kept = std::count(policies.begin(), policies.end(), ActivationPolicy::Keep);
+  line(fmt::format("  {:<10} {}", "keep", kept == int(policies.size()) ? fmt::format("all {} layers", kept)
+                                                                        : fmt::format("the other {} layers", kept)));
+  for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute})
+    line(fmt::format("  {:<10} {}", to_string(p), layers_with(m, policies, p)));
   line("");
 
-  const HaloTraffic t = halo_traffic_total(config, plan);
+  line(fmt::format("peak memory per device, by what it holds at that moment (budget "
+                   "parallel.device_memory = {}):",
+                   format_size(budget)));
+  line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
+                   "rank", "dev", "params", "grads", "optimizer", "input", "activations", "transient", "halo",
+                   "workspace", "PEAK", "verdict", "host pool"));
+  for (const MemoryEstimate& e : est)
+    line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
+                     e.rank, local_device_of(config, e.rank), format_size(e.params), format_size(e.grads),
+                     format_size(e.optimizer), format_size(e.input), format_size(e.activations),
+                     format_size(e.transient), format_size(e.halo), format_size(e.workspace),
+                     format_size(e.total), e.total <= budget ? "FITS" : "DOES NOT FIT",
+                     format_size(e.host_offload)));
+  line("");
+
+  const DeviceCostModel device = cost_model_for(config);
+  const StepTime st = predict_step_time(config, plan, policies, device);
+  line(fmt::format("predicted step time on one {} per rank: {}", device.name, seconds_text(st.total())));
+  line(fmt::format("  compute {}, recompute {}, halo {}, all-reduce {}, offload traffic {} ({} beyond compute)",
+                   seconds_text(st.compute), seconds_text(st.recompute), seconds_text(st.halo),
+                   seconds_text(st.allreduce), seconds_text(st.offload),
+                   seconds_text(std::max(0.0, st.offload - st.compute - st.recompute))));
+  line("");
+
+  HaloTraffic t;
+  for (int r = 0; r < plan.world(); ++r) {
+    const HaloTraffic h = halo_traffic(config, plan, r, policies);
+    t.intra_node += h.intra_node;
+    t.inter_node += h.inter_node;
+  }
   line(fmt::format("halo bytes per step (forward + backward, all ranks): intra-node {}, inter-node {}",
                    format_size(t.intra_node), format_size(t.inter_node)));
   const auto worst = std::max_element(est.begin(), est.end(),
@@ -168,8 +215,11 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
 std::string render_plan_json(const Config& config, const ShardPlan& plan) {
   const ModelSpec& m = plan.model;
   const uint64_t budget = config.parallel.device_memory;
-  const std::vector<MemoryEstimate> est = all_estimates(config, plan);
+  const LayerPolicies policies = activation_policies(config, plan);
+  const std::vector<MemoryEstimate> est = all_estimates(config, plan, policies);
   const std::string verdict = fit_verdict(config, m, plan);
+  const DeviceCostModel device = cost_model_for(config);
+  const StepTime st = predict_step_time(config, plan, policies, device);
   std::string s = "{\n";
   s += fmt::format("  \"name\": {},\n  \"config\": {},\n", json_string(config.name),
                    json_string(config.source_path));
@@ -189,17 +239,17 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan) {
     const MemoryEstimate& e = est[i];
     const int r = e.rank;
     const Rect t = plan.owned_image(r);
-    const HaloTraffic h = halo_traffic(config, plan, r);
+    const HaloTraffic h = halo_traffic(config, plan, r, policies);
     s += fmt::format(
         "    {{\"rank\": {}, \"node\": {}, \"device\": {}, \"group\": {}, \"grid_row\": {}, \"grid_col\": {}, "
         "\"rows\": [{}, {}], \"cols\": [{}, {}], "
         "\"memory\": {{\"params\": {}, \"grads\": {}, \"optimizer\": {}, \"input\": {}, \"activations\": {}, "
         "\"transient\": {}, \"halo\": {}, \"workspace\": {}, \"total\": {}}}, "
-        "\"peak_device_bytes\": {}, \"fits\": {}, "
+        "\"peak_device_bytes\": {}, \"host_pool_bytes\": {}, \"fits\": {}, "
         "\"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}}}}{}\n",
         r, node_of(config, r), local_device_of(config, r), plan.group_of(r), plan.grid_row_of(r),
         plan.grid_col_of(r), t.rows.lo, t.rows.hi, t.cols.lo, t.cols.hi, e.params, e.grads, e.optimizer,
-        e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total,
+        e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total, e.host_offload,
         e.total <= budget ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
   }
   s += "  ],\n";
@@ -210,20 +260,31 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan) {
     const HaloWidths h = halo_widths(plan, int(l));
     s += fmt::format(
         "    {{\"index\": {}, \"name\": {}, \"type\": {}, \"windowed\": {}, \"spatial\": {}, "
-        "\"input\": [{}, {}, {}], \"output\": [{}, {}, {}], "
+        "\"input\": [{}, {}, {}], \"output\": [{}, {}, {}], \"activations\": {}, "
         "\"halo\": {{\"rows_above\": {}, \"rows_below\": {}, \"cols_left\": {}, \"cols_right\": {}}}}}{}\n",
         l, json_string(L.config.name), json_string(to_string(L.config.type)), L.windowed() ? "true" : "false",
-        L.spatial ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c, h.rows_above,
+        L.spatial ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c,
+        json_string(to_string(policies[l])), h.rows_above,
         h.rows_below, h.cols_left, h.cols_right, l + 1 < m.layers.size() ? "," : "");
   }
   s += "  ],\n";
 
-  const HaloTraffic t = halo_traffic_total(config, plan);
+  HaloTraffic t;
+  for (int r = 0; r < plan.world(); ++r) {
+    const HaloTraffic h = halo_traffic(config, plan, r, policies);
+    t.intra_node += h.intra_node;
+    t.inter_node += h.inter_node;
+  }
   uint64_t peak = 0;
   for (const MemoryEstimate& e : est) peak = std::max(peak, e.total);
   s += fmt::format("  \"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}},\n", t.intra_node,
                    t.inter_node);
   s += fmt::format("  \"max_peak_device_bytes\": {},\n", peak);
+  s += fmt::format("  \"activations\": {},\n", json_string(to_string(config.parallel.activations)));
+  s += fmt::format(
+      "  \"step_time\": {{\"device\": {}, \"seconds\": {:.6g}, \"compute\": {:.6g}, \"recompute\": {:.6g}, "
+      "\"halo\": {:.6g}, \"allreduce\": {:.6g}, \"offload\": {:.6g}}},\n",
+      json_string(device.name), st.total(), st.compute, st.recompute, st.halo, st.allreduce, st.offload);
   s += fmt::format("  \"fits\": {},\n  \"verdict\": {}\n", verdict.empty() ? "true" : "false",
                    json_string(verdict));
   s += "}\n";

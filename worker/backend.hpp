@@ -34,6 +34,9 @@ class ComputeBackend {
   virtual ~ComputeBackend() = default;
   virtual Backend kind() const = 0;
   virtual Allocator& allocator() = 0;
+  // Host memory for activations offloaded between forward and backward
+  // (parallel.activations: offload), counted apart from the device: pinned on CUDA.
+  virtual Allocator& host_pool() = 0;
   virtual std::string device_name() const = 0;
 
   // Memory movement.

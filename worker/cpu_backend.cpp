@@ -56,11 +56,13 @@ class CpuBackend : public ComputeBackend {
   // same sizes every time. The thread count is capped by the CPUs this worker may use, so
   // an MPI rank bound to one core does not run a team of cores/ranks threads on it.
   explicit CpuBackend(const BackendOptions& o)
-      : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse) {
+      : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse),
+        host_pool_((o.name.empty() ? "cpu" : o.name) + " offload pool", 0, BlockCache::Reuse) {
     if (o.threads > 0) omp_set_num_threads(std::min(o.threads, usable_cpus()));
   }
   Backend kind() const override { return Backend::CPU; }
   Allocator& allocator() override { return alloc_; }
+  Allocator& host_pool() override { return host_pool_; }
   std::string device_name() const override { return alloc_.device(); }
 
   void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -168,6 +170,7 @@ class CpuBackend : public ComputeBackend {
 
  private:
   Allocator alloc_;
+  Allocator host_pool_;
 };
 
 }  // namespace

@@ -35,10 +35,10 @@ void check_shape(const Tensor& t, int n, int c, int h, int w, const char* what, 
 
 }  // namespace
 
-Tensor Layer::forward(const Tensor& x) {
+Tensor Layer::forward(const Tensor& x, bool recompute) {
   const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
   check_shape(x, ctx_.local_batch, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
-  return forward_impl(x);
+  return forward_impl(x, recompute);
 }
 
 Tensor Layer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
@@ -64,6 +64,14 @@ class WindowedLayer : public Layer {
   void release_saved() override { ext_.release(); }
 
  protected:
+  // Under keep the extended input waits for backward; otherwise it is dropped after
+  // forward and gathered again for backward, by every rank alike (orchestrator's
+  // StepReplay mirrors this).
+  bool keeps_ext() const { return policy() == ActivationPolicy::Keep; }
+  const Tensor& regather(const Tensor& x) {
+    if (keeps_ext()) return kernel_input(x);
+    return gather(x);
+  }
   // The kernel's input: the extended tensor, or x itself when this rank needs no halo
   // (its neighbours may still read from it).
   const Tensor& gather(const Tensor& x) {
@@ -123,7 +131,7 @@ class Conv2DLayer : public WindowedLayer {
     if (!conv_) conv_ = ctx_.backend.make_conv(g);
     return *conv_;
   }
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool) override {
     const Tensor& in = gather(x);
     const ConvGeom g = geom(in);
     Tensor y = make_output(spec().out.c, out_rect_, "output");
@@ -131,10 +139,11 @@ class Conv2DLayer : public WindowedLayer {
       throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
                                          g.wout(), y.h(), y.w()));
     kernel(g).forward(in.data(), weight("kernel:0"), weight("bias:0"), y.data());
+    if (!keeps_ext()) ext_.release();
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
-    const Tensor& in = kernel_input(x);
+    const Tensor& in = regather(x);
     ConvKernel& k = kernel(geom(in));
     k.backward_weights(in.data(), dy.data(), weight_grad("kernel:0"), weight_grad("bias:0"));
     ext_.release();  // backward_data needs only dy: free the extended input first
@@ -174,7 +183,7 @@ class PoolLayer : public WindowedLayer {
     g.pad_right = pad_right_;
     return g;
   }
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool) override {
     const Tensor& in = gather(x);
     const PoolGeom g = geom(in);
     Tensor y = make_output(spec().out.c, out_rect_, "output");
@@ -182,16 +191,17 @@ class PoolLayer : public WindowedLayer {
       ctx_.backend.max_pool_forward(g, in.data(), y.data());
     else
       ctx_.backend.avg_pool_forward(g, in.data(), y.data());
-    if (!is_max()) ext_.release();  // average pooling's backward needs only shapes
+    if (!is_max() || !keeps_ext()) ext_.release();  // average pooling's backward needs only shapes
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (need_dx) {
+      const Tensor* in = is_max() ? &regather(x) : nullptr;
       Tensor dext = make_dext(x);
       const PoolGeom g = geom(dext);
       if (is_max())
-        ctx_.backend.max_pool_backward(g, kernel_input(x).data(), dy.data(), dext.data());
+        ctx_.backend.max_pool_backward(g, in->data(), dy.data(), dext.data());
       else
         ctx_.backend.avg_pool_backward(g, dy.data(), dext.data());
       ext_.release();
@@ -209,7 +219,7 @@ class BatchNormLayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool recompute) override {
     const int c = x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
     const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
@@ -222,25 +232,29 @@ class BatchNormLayer : public Layer {
     // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
     ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
     ctx_.world.allreduce_sum_host(sq.data(), c);
-    const double eps = spec().config.epsilon, momentum = spec().config.momentum;
+    const double eps = spec().config.epsilon;
+    for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);
+    if (!recompute) update_moving_statistics(sq, count);
+    Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
+    ctx_.backend.bn_forward_apply(x.n(), c, hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
+                                  weight("beta:0"), y.data());
+    return y;
+  }
+  void update_moving_statistics(const std::vector<double>& sq, double count) {
+    const int c = int(sq.size());
+    const double momentum = spec().config.momentum;
     std::vector<float> mm(c), mv(c);
     const ParamRef* rm = ctx_.params.find(index_, "moving_mean:0");
     const ParamRef* rv = ctx_.params.find(index_, "moving_variance:0");
     ctx_.backend.to_host(mm.data(), ctx_.params.value(*rm), c * sizeof(float));
     ctx_.backend.to_host(mv.data(), ctx_.params.value(*rv), c * sizeof(float));
     for (int i = 0; i < c; ++i) {
-      const double var = sq[i] / count;
-      invstd_[i] = 1.0 / std::sqrt(var + eps);
-      const double unbiased = count > 1 ? sq[i] / (count - 1) : var;
+      const double unbiased = count > 1 ? sq[i] / (count - 1) : sq[i] / count;
       mm[i] = float(momentum * mm[i] + (1 - momentum) * mean_[i]);
       mv[i] = float(momentum * mv[i] + (1 - momentum) * unbiased);
     }
     ctx_.backend.from_host(ctx_.params.value(*rm), mm.data(), c * sizeof(float));
     ctx_.backend.from_host(ctx_.params.value(*rv), mv.data(), c * sizeof(float));
-    Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
-    ctx_.backend.bn_forward_apply(x.n(), c, hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
-                                  weight("beta:0"), y.data());
-    return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const int c = x.c();
@@ -272,7 +286,7 @@ class ReLULayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool) override {
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
     ctx_.backend.relu_forward(x.size(), x.data(), y.data());
     return y;
@@ -293,7 +307,7 @@ class GlobalAvgPoolLayer : public Layer {
 
  protected:
   double pixels() const { return double(spec().in.h) * spec().in.w; }
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool) override {
     std::vector<double> sums(size_t(x.n()) * x.c(), 0.0);
     ctx_.backend.global_avg_sum(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), sums.data());
     ctx_.group.allreduce_sum_host(sums.data(), sums.size());
@@ -320,7 +334,7 @@ class DenseLayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x) override {
+  Tensor forward_impl(const Tensor& x, bool) override {
     Tensor y(ctx_.backend.allocator(), x.n(), spec().out.c, 1, 1, "output of " + label());
     ctx_.backend.dense_forward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), weight("bias:0"), y.data());
     return y;

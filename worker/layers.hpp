@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "orchestrator/memory_model.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
 #include "worker/comm.hpp"
@@ -24,6 +25,7 @@ struct LayerContext {
   ParamStore& params;
   int local_batch;   // images per step on this rank's group
   int global_batch;  // images per step, all groups
+  const LayerPolicies& policies;  // activation policy per layer, the same on every rank
   bool group_leader() const { return plan.shard_of(rank) == 0; }
 };
 
@@ -36,7 +38,9 @@ class Layer {
   int index() const { return index_; }
 
   // x: this rank's owned part of the input [b, c, h, w]; returns the owned output.
-  Tensor forward(const Tensor& x);
+  // `recompute`: the forward runs again during backward (the recompute policy) and must
+  // leave the model state (batch-norm moving statistics) as the first run left it.
+  Tensor forward(const Tensor& x, bool recompute = false);
   // x, y: the input and output of forward; dy: gradient of y. Writes weight gradients and
   // returns the gradient of the owned input (empty when !need_dx).
   Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx);
@@ -44,12 +48,13 @@ class Layer {
   virtual void release_saved() {}
 
  protected:
-  virtual Tensor forward_impl(const Tensor& x) = 0;
+  virtual Tensor forward_impl(const Tensor& x, bool recompute) = 0;
   virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
   Tensor make_output(int c, const Rect& rect, const std::string& what);
   float* weight(const std::string& name);
   float* weight_grad(const std::string& name);
   std::string label() const;  // "conv2d_1 (rank 0)" for allocation messages
+  ActivationPolicy policy() const { return ctx_.policies[index_]; }
 
   LayerContext ctx_;
   int index_;

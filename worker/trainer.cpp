@@ -4,12 +4,14 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "orchestrator/activation_plan.hpp"
 #include "worker/log.hpp"
 #include "worker/signals.hpp"
 
@@ -45,7 +47,8 @@ Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& wo
       host_world_(world),
       world_(&world),
       backend_options_(backend_options),
-      make_device_world_(std::move(device_world)) {
+      make_device_world_(std::move(device_world)),
+      policies_(activation_policies(config, plan)) {
   build_device_state(nullptr);
   params_->initialize(config.seed);
   if (!config.training.init_weights.empty()) load_init_weights(config, plan.model, *params_);
@@ -89,7 +92,8 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
     put(optimizer_.v, restore->v);
   }
   const int local_batch = config_.training.batch_size / plan_.groups;
-  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, local_batch, config_.training.batch_size};
+  LayerContext ctx{plan_,      rank_,       *world_,   *group_, *backend_, *params_, local_batch,
+                   config_.training.batch_size, policies_};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
 }
@@ -155,13 +159,54 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   return total / elements;
 }
 
+// The activations of one step: acts[i] is the input of layer i (acts[0] the image tile).
+// Between forward and backward each waits on the device, in the backend's host pool, or
+// nowhere, as the policy of the layer that produced it says; `restore` brings it back
+// (fetching, or running the forward again from the last stored one). The orchestrator's
+// StepReplay replays exactly these allocations to predict the peak.
+struct Trainer::StepActivations {
+  std::vector<Tensor> device, host;
+  explicit StepActivations(int layers) : device(layers + 1), host(layers + 1) {}
+};
+
+void Trainer::stash(StepActivations& a, int i) {
+  const ActivationPolicy p = policies_[i - 1];
+  if (p == ActivationPolicy::Keep) return;
+  Tensor& t = a.device[i];
+  if (p == ActivationPolicy::Offload) {
+    a.host[i] = Tensor(backend_->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
+    backend_->to_host(a.host[i].data(), t.data(), t.bytes());
+  }
+  t.release();
+}
+
+void Trainer::restore(StepActivations& a, int i) {
+  if (!a.device[i].empty()) return;
+  if (!a.host[i].empty()) {
+    const Tensor& h = a.host[i];
+    a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
+                         "activation fetched back for layer " + plan_.model.layers[i].config.name);
+    backend_->from_host(a.device[i].data(), h.data(), h.bytes());
+    a.host[i].release();
+    return;
+  }
+  // Dropped: run the forward again from the nearest activation still stored.
+  int k = i - 1;
+  while (a.device[k].empty() && a.host[k].empty()) --k;
+  restore(a, k);
+  for (int j = k; j < i; ++j) a.device[j + 1] = layers_[j]->forward(a.device[j], true);
+}
+
 double Trainer::train_step(int64_t step) {
   Batch batch = data_->load(step);
   const int L = int(layers_.size());
-  std::vector<Tensor> acts(L + 1);
-  acts[0] = std::move(batch.images);
-  for (int l = 0; l < L; ++l) acts[l + 1] = layers_[l]->forward(acts[l]);
-  const Tensor& y = acts[L];
+  StepActivations acts(L);
+  acts.device[0] = std::move(batch.images);
+  for (int l = 0; l < L; ++l) {
+    acts.device[l + 1] = layers_[l]->forward(acts.device[l]);
+    if (l > 0) stash(acts, l);  // layer l was the last to read its input
+  }
+  const Tensor& y = acts.device[L];
   Tensor dy(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
   const double loss = loss_and_grad(y, batch, dy);
   if (!std::isfinite(loss)) {
@@ -172,9 +217,10 @@ double Trainer::train_step(int64_t step) {
         step + 1, std::isnan(loss) ? "NaN" : (loss > 0 ? "+inf" : "-inf"), fmt::join(batch.samples, ", ")));
   }
   for (int l = L - 1; l >= 0; --l) {
-    Tensor dx = layers_[l]->backward(acts[l], acts[l + 1], dy, l > 0);
+    restore(acts, l);
+    Tensor dx = layers_[l]->backward(acts.device[l], acts.device[l + 1], dy, l > 0);
     layers_[l]->release_saved();
-    acts[l + 1].release();
+    acts.device[l + 1].release();
     dy = std::move(dx);
   }
   // One all-reduce of every weight gradient, summed in rank order.
@@ -196,13 +242,34 @@ void Trainer::optimizer_step(int64_t step) {
                        float(o.momentum));
 }
 
-uint64_t Trainer::max_peak_over_ranks() {
+std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
   std::vector<double> peaks(world_->size(), 0.0);
-  peaks[rank_] = double(backend_->allocator().peak());
+  peaks[rank_] = double(local);
   world_->allreduce_sum_host(peaks.data(), peaks.size());
-  double best = 0;
-  for (double p : peaks) best = std::max(best, p);
-  return uint64_t(best);
+  return peaks;
+}
+
+uint64_t Trainer::max_peak_over_ranks() {
+  const std::vector<double> peaks = peaks_of_ranks(backend_->allocator().peak());
+  return uint64_t(*std::max_element(peaks.begin(), peaks.end()));
+}
+
+void Trainer::write_memory_report() {
+  // Collective: every rank gives its peaks; rank 0 writes them beside the predictions.
+  const std::vector<double> device = peaks_of_ranks(backend_->allocator().peak());
+  const std::vector<double> host = peaks_of_ranks(backend_->host_pool().peak());
+  if (rank_ != 0) return;
+  std::ofstream out(config_.run_dir + "/memory.csv", std::ios::trunc);
+  out << "rank,peak_device_bytes,predicted_peak_device_bytes,host_pool_peak_bytes,predicted_host_pool_bytes\n";
+  double worst = 0;
+  for (int r = 0; r < int(device.size()); ++r) {
+    const MemoryEstimate e = estimate_memory(config_, plan_, r % plan_.shards(), policies_);
+    out << fmt::format("{},{},{},{},{}\n", r, uint64_t(device[r]), e.total, uint64_t(host[r]), e.host_offload);
+    worst = std::max(worst, std::abs(device[r] - double(e.total)) / std::max(double(e.total), 1.0));
+  }
+  if (!out) log().warn("{}/memory.csv: could not write the memory report", config_.run_dir);
+  log().info("peak device memory per rank within {:.1f}% of the memory model's prediction ({}/memory.csv)",
+             100 * worst, config_.run_dir);
 }
 
 void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, bool logged) {
@@ -305,6 +372,7 @@ TrainSummary Trainer::run() {
     if (recycle_now) recycle_in_process();
   }
   summary.peak_device_bytes = max_peak_over_ranks();
+  if (summary.steps > start_step_) write_memory_report();
   return summary;
 }
 

@@ -59,9 +59,14 @@ class Trainer {
   std::string checkpoint(int64_t steps_done);
   void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
   double train_step(int64_t step);
+  struct StepActivations;
+  void stash(StepActivations& acts, int index);    // after the last forward read of acts[index]
+  void restore(StepActivations& acts, int index);  // acts[index] back on the device
   double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
   void optimizer_step(int64_t step);
+  std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank
   uint64_t max_peak_over_ranks();
+  void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank
   void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged);
 
   const Config& config_;
@@ -71,6 +76,7 @@ class Trainer {
   Comm* world_;       // host_world_, or device_world_ when there is one
   BackendOptions backend_options_;
   DeviceWorldFactory make_device_world_;
+  LayerPolicies policies_;  // activation policy per layer (orchestrator/activation_plan.hpp)
   // Declared after the backend, so destroyed before it: device comms stage in its memory.
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<Comm> device_world_;

@@ -27,6 +27,25 @@ void CudaAllocator::raw_deallocate(void* ptr) {
   (void)cudaGetLastError();
 }
 
+PinnedHostAllocator::PinnedHostAllocator(std::string name)
+    : Allocator(std::move(name), 0, BlockCache::Reuse) {}
+
+PinnedHostAllocator::~PinnedHostAllocator() { release_cached(); }
+
+void* PinnedHostAllocator::raw_allocate(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void PinnedHostAllocator::raw_deallocate(void* ptr) {
+  (void)cudaFreeHost(ptr);
+  (void)cudaGetLastError();
+}
+
 void* DeviceScratch::get(size_t bytes) {
   if (bytes <= bytes_) return ptr_;
   release();

@@ -24,6 +24,18 @@ class CudaAllocator : public Allocator {
   int device_;
 };
 
+// Page-locked host memory (the offload pool): copies to and from it run at full PCIe speed
+// and can overlap compute. Freed blocks are cached: pinning is slow.
+class PinnedHostAllocator : public Allocator {
+ public:
+  explicit PinnedHostAllocator(std::string name);
+  ~PinnedHostAllocator() override;
+
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_deallocate(void* ptr) override;
+};
+
 // A device buffer that grows on demand and is reused between calls (reduction partials,
 // cuDNN workspace, padded copies). Contents are not kept when it grows.
 class DeviceScratch {

@@ -43,6 +43,7 @@ void check_rect(int h, int w, int row0, int col0, int rows, int cols) {
 CudaBackend::CudaBackend(const BackendOptions& o)
     : device_(o.device_index),
       alloc_(device_label(o, o.device_index), o.device_index, o.memory_budget),
+      host_pool_(device_label(o, o.device_index) + " offload pool"),
       params_(alloc_, "backend parameters"),
       partials_(alloc_, "reduction partials"),
       labels_(alloc_, "loss labels"),

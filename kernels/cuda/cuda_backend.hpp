@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_allocator.hpp"
+#include "orchestrator/memory_model.hpp"  // kConvWorkspaceLimit
 #include "worker/backend.hpp"
 
 namespace ht::cuda {
@@ -23,9 +24,6 @@ CudnnContext* create_cudnn_context();
 void destroy_cudnn_context(CudnnContext* ctx);
 std::unique_ptr<ConvKernel> make_cudnn_conv(CudaBackend& backend, const ConvGeom& geom);
 
-// cuDNN may use at most this much workspace per convolution call (the memory model counts
-// it once: the workspace is shared by every conv of a backend).
-constexpr size_t kConvWorkspaceLimit = size_t(256) << 20;
 
 class CudaBackend final : public ComputeBackend {
  public:
@@ -34,6 +32,7 @@ class CudaBackend final : public ComputeBackend {
 
   Backend kind() const override { return Backend::CUDA; }
   Allocator& allocator() override { return alloc_; }
+  Allocator& host_pool() override { return host_pool_; }
   std::string device_name() const override { return alloc_.device(); }
   int device() const { return device_; }
 
@@ -102,6 +101,7 @@ class CudaBackend final : public ComputeBackend {
 
   int device_;
   CudaAllocator alloc_;
+  PinnedHostAllocator host_pool_;
   DeviceScratch params_, partials_, labels_, workspace_, padded_;
   std::unique_ptr<CudnnContext, void (*)(CudnnContext*)> cudnn_{nullptr, destroy_cudnn_context};
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "orchestrator/activation_plan.hpp"
 #include "orchestrator/config.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
@@ -57,7 +58,7 @@ uint64_t sum_of(const MemoryEstimate& e) {
   return e.params + e.grads + e.optimizer + e.input + e.activations + e.transient + e.workspace + e.halo;
 }
 
-TEST(MemoryModel, BreakdownAddsUpAndMatchesHandCounts) {
+TEST(MemoryModel, BreakdownAddsUpAndCountsTheReplicatedState) {
   Config c = classifier();
   const ModelSpec m = build_model_spec(c);
   const ShardPlan p = make_shard_plan(m, {1, 1});
@@ -68,34 +69,100 @@ TEST(MemoryModel, BreakdownAddsUpAndMatchesHandCounts) {
   EXPECT_EQ(e.grads, uint64_t(m.param_count(true)) * 4);
   EXPECT_LT(e.grads, e.params);  // BN moving statistics are not trainable
   EXPECT_EQ(e.optimizer, 2 * e.grads);
-  EXPECT_EQ(e.input, 4ull * 64 * 48 * 4);
-  EXPECT_EQ(e.halo, 0u);
-  EXPECT_EQ(e.workspace, 0u);
-  // One shard: outputs of every layer, plus whole inputs of the windowed ones.
-  uint64_t act = 0, transient = 0;
-  for (const LayerSpec& l : m.layers) {
-    const uint64_t out = 4ull * l.out.elements() * 4, in = 4ull * l.in.elements() * 4;
-    act += out + (l.windowed() ? in : 0);
-    transient = std::max(transient, out + in);
-  }
-  EXPECT_EQ(e.activations, act);
-  EXPECT_EQ(e.transient, transient);
+  EXPECT_EQ(e.input, 4ull * 64 * 48 * 4 + 4ull * 2 * 4);  // image tiles and one-hot targets
+  EXPECT_EQ(e.workspace, 0u);                            // CPU backend
+  EXPECT_EQ(e.host_offload, 0u);
 
   c.training.optimizer.type = OptimizerType::SGD;
   EXPECT_EQ(estimate_memory(c, p, 0).optimizer, 0u);
   c.training.optimizer.momentum = 0.9;
   EXPECT_EQ(estimate_memory(c, p, 0).optimizer, e.grads);
+  c.parallel.backend = Backend::CUDA;
+  EXPECT_EQ(estimate_memory(c, p, 0).workspace, kConvWorkspaceLimit);
 }
 
-TEST(MemoryModel, HaloStagingIsTheLargestExchange) {
-  const Config c = classifier();
-  const ShardPlan p = make_shard_plan(build_model_spec(c), {2, 1});
-  // The second conv (8 channels, 32 x 24 input) receives one row and sends one row:
-  // 2 x 24 cols x 8 channels x 4 images x 4 bytes. The 2x2/2 pool needs no halo.
-  const MemoryEstimate e = estimate_memory(c, p, 0);
-  EXPECT_EQ(e.halo, 2ull * 24 * 8 * 4 * 4);
-  EXPECT_EQ(e.total, sum_of(e));
-  EXPECT_EQ(e.input, 4ull * 32 * 48 * 4);
+// One 8 x 8 image, conv(2, 3x3 same) -> relu -> global pool -> dense(2), counted by hand
+// in the worker's order. One shard reads exactly what it owns: no extended copies.
+TEST(MemoryModel, KeepPeakMatchesAHandCount) {
+  Config c = classifier();
+  c.model.height = c.model.width = 8;
+  LayerConfig k = conv(2);
+  LayerConfig d = layer(LayerType::Dense);
+  d.units = 2;
+  c.model.layers = {k, layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  c.training.batch_size = 1;
+  const ModelSpec m = build_model_spec(c);
+  const MemoryEstimate e =
+      estimate_memory(c, make_shard_plan(m, {1, 1}), 0, uniform_policies(m, ActivationPolicy::Keep));
+  const uint64_t fixed = e.params + e.grads + e.optimizer;
+  // Forward: image 256 B + targets 8 B; conv and relu outputs 512 B each, pool and dense
+  // outputs 8 B each; loss gradient 8 B. Backward: the dense and pool input gradients
+  // (8 B, then 512 B) free their output gradients; the peak is the relu's backward:
+  // conv and relu outputs, the 512 B gradient flowing in and the 512 B one it makes.
+  EXPECT_EQ(e.input, 264u);
+  EXPECT_EQ(e.activations, 1024u);
+  EXPECT_EQ(e.transient, 1024u);
+  EXPECT_EQ(e.halo, 0u);
+  EXPECT_EQ(e.total, fixed + 2312);
+}
+
+TEST(MemoryModel, OffloadAndRecomputeLowerThePeakAndAutoFitsATightBudget) {
+  Config c = classifier();
+  // A deeper model: two full-resolution blocks before the first pool.
+  c.model.layers.insert(c.model.layers.begin(),
+                        {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU)});
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const MemoryEstimate keep = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Keep));
+  const MemoryEstimate off = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Offload));
+  const MemoryEstimate rec = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Recompute));
+  EXPECT_LT(off.total, keep.total);
+  EXPECT_GT(off.host_offload, 0u);
+  EXPECT_LT(rec.total, keep.total);
+  EXPECT_EQ(rec.host_offload, 0u);
+  EXPECT_EQ(off.total, sum_of(off));
+
+  // Auto keeps everything when it fits...
+  c.parallel.device_memory = keep.total;
+  EXPECT_EQ(activation_policies(c, p), uniform_policies(m, ActivationPolicy::Keep));
+  // ...and otherwise fits with something cheaper than keep, never slower than needed.
+  c.parallel.device_memory = (keep.total + std::min(off.total, rec.total)) / 2;
+  const LayerPolicies chosen = activation_policies(c, p);
+  EXPECT_NE(chosen, uniform_policies(m, ActivationPolicy::Keep));
+  EXPECT_LE(estimate_memory_max(c, p, chosen).total, c.parallel.device_memory);
+  EXPECT_TRUE(plan_fits(c, p));
+  EXPECT_EQ(chosen.back(), ActivationPolicy::Keep);  // the last layer always keeps
+  const DeviceCostModel k80 = k80_die();
+  EXPECT_GE(predict_step_time(c, p, chosen, k80).total(),
+            predict_step_time(c, p, uniform_policies(m, ActivationPolicy::Keep), k80).total());
+
+  // An explicit policy is applied as asked, fit or not.
+  c.parallel.activations = ActivationPolicy::Keep;
+  EXPECT_FALSE(plan_fits(c, p));
+}
+
+TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
+  Config c = classifier();
+  c.parallel.backend = Backend::CUDA;
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const DeviceCostModel k80 = k80_die();
+  const StepTime keep = predict_step_time(c, p, uniform_policies(m, ActivationPolicy::Keep), k80);
+  const StepTime rec = predict_step_time(c, p, uniform_policies(m, ActivationPolicy::Recompute), k80);
+  const StepTime off = predict_step_time(c, p, uniform_policies(m, ActivationPolicy::Offload), k80);
+  EXPECT_GT(keep.compute, 0);
+  EXPECT_GT(keep.halo, 0);       // two shards exchange rows
+  EXPECT_GT(keep.allreduce, 0);  // and sum their gradients
+  EXPECT_EQ(keep.recompute, 0);
+  EXPECT_EQ(keep.offload, 0);
+  EXPECT_GT(rec.recompute, 0);
+  EXPECT_LT(rec.recompute, keep.compute / 3);  // at most one more forward
+  EXPECT_GT(rec.halo, keep.halo);              // gathers again for backward
+  // Offloading an activation of B bytes moves 2B over a link the card's two dies share.
+  const Rect out = p.owned_output(0, 0);
+  const double conv1 = double(out.area()) * m.layers[0].out.c * 4 * 4;
+  EXPECT_GE(off.offload, 2 * conv1 * 2 / k80.host_link_bw);
+  EXPECT_GE(off.total(), keep.total());
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
@@ -169,6 +236,7 @@ TEST(MemoryModel, AutoGridPicksTheSmallestThatFits) {
 
 TEST(MemoryModel, FitVerdictNamesNeedBudgetAndSmallestGrid) {
   Config c = classifier();
+  c.parallel.activations = ActivationPolicy::Keep;
   const ModelSpec m = build_model_spec(c);
   const ShardPlan one = make_shard_plan(m, {1, 1});
   const uint64_t whole = estimate_memory_max(c, one).total;
