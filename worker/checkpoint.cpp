@@ -152,15 +152,13 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
     }
     if (their != name) log().info("{}: loading file layer {} into {}", where, their, name);
   }
-  size_t largest = 0;
-  for (const ParamRef& r : params.refs()) largest = std::max(largest, r.count);
-  std::vector<float> buffer(largest);
-  for (const auto& [l, their] : pairs) {
+  for (const auto& match : pairs) {
+    const std::string& their = match.second;
     const auto& stored = file.weight_names(their);
-    for (size_t i = 0; i < stored.size(); ++i) {
-      file.read(their, stored[i], buffer.data());
-      params.from_keras(*refs[l][i], buffer.data());
-    }
+    for (size_t i = 0; i < stored.size(); ++i)
+      params.load_keras(*refs[match.first][i], [&](const auto& start, const auto& count, float* dst) {
+        file.read(their, stored[i], start, count, dst);
+      });
   }
   log().info("{}: loaded {} layers", where, pairs.size());
 }
@@ -232,11 +230,14 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
       log().info("resume: the config stored in {} no longer parses; not comparing", path);
     }
   }
-  std::vector<float> buffer;
   for (const ParamRef& r : params.refs()) {
-    buffer.resize(r.count);
-    file.read(r.layer_name, r.weight, buffer.data());
-    params.from_keras(r, buffer.data());
+    const auto shape = file.shape(r.layer_name, r.weight);
+    if (shape != r.keras_shape)
+      throw ConfigError(fmt::format("checkpoint {}: layer {} weight {} is {}, the model expects {}", path,
+                                    r.layer_name, r.weight, shape_text(shape), shape_text(r.keras_shape)));
+    params.load_keras(r, [&](const auto& start, const auto& count, float* dst) {
+      file.read(r.layer_name, r.weight, start, count, dst);
+    });
   }
   const bool adam = config.training.optimizer.type == OptimizerType::Adam;
   auto load_slot = [&](const std::string& name, Tensor& t) {
@@ -244,9 +245,9 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
     try {
       const auto shape = file.slot_shape(name);
       if (shape.size() == 1 && size_t(shape[0]) == t.size()) {
-        buffer.resize(t.size());
-        file.read_slot(name, buffer.data());
-        backend.from_host(t.data(), buffer.data(), t.bytes());
+        params.load_flat(t.data(), t.size(), [&](const auto& start, const auto& count, float* dst) {
+          file.read_slot(name, start, count, dst);
+        });
         return;
       }
     } catch (const std::exception&) {

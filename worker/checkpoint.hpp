@@ -34,14 +34,17 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
 std::string find_resume_checkpoint(const Config& config, bool verbose);
 
 // Loads weights, batch-norm statistics and optimizer state from `path`; refuses a file of
-// another model (its model hash differs) and logs config keys that changed.
+// another model (its model hash differs) and logs config keys that changed. Streams as
+// load_init_weights does; optimizer slots go in pieces no larger than the largest weight.
 TrainingProgress load_checkpoint(const std::string& path, const Config& config, const ModelSpec& model,
                                  ParamStore& params, OptimizerState& optimizer, ComputeBackend& backend,
                                  bool verbose);
 
 // Loads `training.init_weights` into `params` (strict: the layers with weights are matched
 // in order, count and every shape must agree; by name: matching names only). Reads one
-// tensor at a time. Throws ConfigError naming the file, layer, weight, expected and found.
+// tensor at a time through at most one tensor of host staging, counted by
+// params.staging_allocator(). Throws ConfigError naming the file, layer, weight, expected
+// and found.
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params);
 
 // A short hex digest of the model part of the config (input, layers, loss).

@@ -266,6 +266,36 @@ struct KerasWeightsFile::Impl {
     return h5::open_dataset(root, at);
   }
 
+  // A weight's dataset, refused unless it holds numbers.
+  h5::Hid numeric_dataset(const std::string& layer, const std::string& weight) const {
+    h5::Hid ds = dataset(layer, weight);
+    h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(ds)));
+    auto tc = h5::type_class(type);
+    if (tc == h5::TypeClass::String || tc == h5::TypeClass::Other)
+      fail(fmt::format("layer '{}' weight '{}' has dtype {}, expected numbers", layer, weight, h5::type_name(type)));
+    return ds;
+  }
+
+  // Reads the box [start, start + count) of `ds` as float32; `what` names it in errors.
+  void read_box(hid_t ds, const h5::Shape& start, const h5::Shape& count, float* dst,
+                const std::string& what) const {
+    try {
+      const h5::Shape shape = h5::dataset_shape(ds);
+      bool inside = start.size() == shape.size() && count.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d)
+        inside = start[d] >= 0 && count[d] >= 0 && start[d] + count[d] <= shape[d];
+      if (!inside)
+        fail(fmt::format("reading {}: the box at {} of {} is outside its shape {}", what, h5::shape_string(start),
+                         h5::shape_string(count), h5::shape_string(shape)));
+      if (shape.empty())
+        h5::read_dataset(ds, dst, 1);
+      else
+        h5::read_hyperslab(ds, start, count, H5T_NATIVE_FLOAT, dst);
+    } catch (const h5::H5Error& e) {
+      fail(fmt::format("reading {} failed: {}", what, e.what()));
+    }
+  }
+
   h5::Hid halotrain() const {
     if (!h5::is_group(file, "halotrain"))
       fail("not a halotrain checkpoint: no /halotrain group (a plain Keras weights file)");
@@ -353,17 +383,19 @@ std::vector<int64_t> KerasWeightsFile::shape(const std::string& layer, const std
 
 void KerasWeightsFile::read(const std::string& layer, const std::string& weight, float* dst) const {
   h5::quiet();
-  h5::Hid ds = impl_->dataset(layer, weight);
-  h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(ds)));
-  auto tc = h5::type_class(type);
-  if (tc == h5::TypeClass::String || tc == h5::TypeClass::Other)
-    impl_->fail(fmt::format("layer '{}' weight '{}' has dtype {}, expected numbers", layer, weight,
-                            h5::type_name(type)));
+  h5::Hid ds = impl_->numeric_dataset(layer, weight);
   try {
     h5::read_dataset(ds, dst, h5::element_count(h5::dataset_shape(ds)));
   } catch (const h5::H5Error& e) {
     impl_->fail(fmt::format("reading layer '{}' weight '{}' failed: {}", layer, weight, e.what()));
   }
+}
+
+void KerasWeightsFile::read(const std::string& layer, const std::string& weight, const std::vector<int64_t>& start,
+                            const std::vector<int64_t>& count, float* dst) const {
+  h5::quiet();
+  impl_->read_box(impl_->numeric_dataset(layer, weight), start, count, dst,
+                  fmt::format("layer '{}' weight '{}'", layer, weight));
 }
 
 bool KerasWeightsFile::has_halotrain() const { return h5::is_group(impl_->file, "halotrain"); }
@@ -411,6 +443,13 @@ void KerasWeightsFile::read_slot(const std::string& name, float* dst) const {
   } catch (const h5::H5Error& e) {
     impl_->fail(fmt::format("reading optimizer slot '{}' failed: {}", name, e.what()));
   }
+}
+
+void KerasWeightsFile::read_slot(const std::string& name, const std::vector<int64_t>& start,
+                                 const std::vector<int64_t>& count, float* dst) const {
+  h5::quiet();
+  impl_->read_box(impl_->slot(impl_->halotrain(), name), start, count, dst,
+                  fmt::format("optimizer slot '{}'", name));
 }
 
 std::string KerasWeightsFile::stored_checksum() const {

@@ -83,12 +83,18 @@ class KerasWeightsFile {
   // Reads one dataset, converted to float32, into `dst` (room for every element of
   // shape(layer, weight)).
   void read(const std::string& layer, const std::string& weight, float* dst) const;
+  // Reads the box [start, start + count) (one entry per dimension) of one weight, row-major
+  // float32: loading stages a block of a tensor, never more than the tensor.
+  void read(const std::string& layer, const std::string& weight, const std::vector<int64_t>& start,
+            const std::vector<int64_t>& count, float* dst) const;
 
   bool has_halotrain() const;
   // Scalars, strings and slot names/shapes (slot data stays on disk: read_slot).
   HalotrainState read_state() const;
   std::vector<int64_t> slot_shape(const std::string& name) const;
   void read_slot(const std::string& name, float* dst) const;
+  void read_slot(const std::string& name, const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                 float* dst) const;
   std::string stored_checksum() const;    // "" when absent
   std::string computed_checksum() const;  // streams every dataset once
   // True when the stored checksum matches the data; false when it differs, is missing,

@@ -4,6 +4,7 @@
 // Keras; checkpoints convert to Keras layouts.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,11 @@
 #include "worker/backend.hpp"
 
 namespace ht {
+
+// Reads the box [start, start + count) (one entry per dimension) of a tensor into host
+// memory at `dst`, row-major float32: a block of a file's dataset, or of a host array.
+using BoxReader = std::function<void(const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                                     float* dst)>;
 
 struct ParamRef {
   int layer = 0;
@@ -44,8 +50,22 @@ class ParamStore {
   std::vector<float> to_keras(const ParamRef& r);
   void from_keras(const ParamRef& r, const float* keras_data);
 
+  // Loading streams one tensor at a time: every host byte between a file and the arena
+  // comes from staging_allocator(), at most one tensor's worth at once, freed on return.
+  // On host memory (CPU backend) weights are read in place and conv kernels transposed
+  // from the staged copy straight into the arena; on a device a staged block goes over
+  // with one copy.
+  //
+  // One weight whose Keras-layout values `read` gives (its keras_shape must match).
+  void load_keras(const ParamRef& r, const BoxReader& read);
+  // `count` floats of this backend's memory at `dst` (an optimizer slot) from a 1-D
+  // `read`, staged in pieces no larger than the largest weight.
+  void load_flat(float* dst, size_t count, const BoxReader& read);
+  Allocator& staging_allocator() { return staging_; }
+
  private:
   ComputeBackend& backend_;
+  Allocator staging_{"host (load staging)"};
   std::vector<ParamRef> refs_;
   size_t trainable_ = 0, buffer_count_ = 0;
   Tensor values_, grads_, buffers_;
