@@ -47,3 +47,10 @@ foreach(scenario bad_input completes restart requeue kill_rank)
   set_tests_properties(slurm_${scenario} PROPERTIES LABELS slurm TIMEOUT 300 SKIP_RETURN_CODE 77
                        RESOURCE_LOCK halotrain_local_slurm)
 endforeach()
+
+# Activation policies keep/offload/recompute/auto on the demo: bit-identical checkpoints,
+# measured peak memory per rank within 10% of the memory model, a tight budget honoured.
+add_test(NAME memory_policies
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/memory/policies_test.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/memory-policies)
+set_tests_properties(memory_policies PROPERTIES LABELS memory TIMEOUT 600)

@@ -40,8 +40,13 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
     const size_t block = block_size(bytes);
     p = take_cached(block);
     if (!p) {
-      // Cached blocks of other sizes give way before the reservation passes the budget.
-      if (budget_) trim_cache(budget_ - std::min<uint64_t>(budget_, in_use_ + block));
+      // Cached blocks of other sizes give way before the reservation passes the highest use
+      // so far or the budget: what a worker holds from the system stays at the peak the
+      // memory model predicts (several shards share one host's memory).
+      const uint64_t need = in_use_ + block;
+      uint64_t limit = std::max<uint64_t>(peak_, need);
+      if (budget_) limit = std::min<uint64_t>(limit, std::max<uint64_t>(budget_, need));
+      trim_cache(limit - need);
       p = raw_allocate(block);
       if (!p && cached_) {
         release_cached();

@@ -23,9 +23,9 @@ class DeviceMemoryError : public std::runtime_error {
 // of the same rounded size: a training step asks for the same sizes every step, so after
 // the first step no memory comes from the system (on the host: no page faults, no
 // mmap/munmap of 100 MB tensors). in_use() and peak() count what the owners hold, cached
-// or not; reserved() adds the cached blocks. Cached blocks are released when the budget
-// would be exceeded, when the system refuses memory, by release_cached() and on
-// destruction. A subclass that enables the cache must call release_cached() in its own
+// or not; reserved() adds the cached blocks. Cached blocks are released when the
+// reservation would pass the peak in use so far or the budget, when the system refuses
+// memory, by release_cached() and on destruction. A subclass that enables the cache must call release_cached() in its own
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
 

@@ -7,6 +7,12 @@ runs `halotrain train` on several grids (threads of one process, and under mpiru
 compares every weight and batch-norm moving statistic of the final checkpoint:
 |a - r| <= 1e-5 + 1e-4 |r|.
 
+After every run it also checks RUN_DIR/memory.csv: each rank's measured peak device memory
+is within 10% of the memory model's prediction. The case's second grid also runs with
+`parallel.activations` offload and recompute: against PyTorch as above, and bit for bit
+against that grid's keep run (every checkpoint dataset and attribute but checksums and
+the config).
+
 usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN]
 """
 import argparse
@@ -22,6 +28,8 @@ import torch.nn.functional as F
 
 STEPS = 3
 ATOL, RTOL = 1e-5, 1e-4
+MEMORY_RTOL = 0.10  # |measured - predicted| peak device bytes per rank, relative to predicted
+POLICIES = ("offload", "recompute")  # extra runs of the second grid, besides keep
 
 # Layers in the YAML spelling of SPEC section 3. Conv layers followed by batch norm have no
 # bias: its gradient is zero in exact arithmetic, and Adam would amplify float32 noise.
@@ -293,6 +301,62 @@ def compare(case, model, ckpt):
     return worst, failures
 
 
+def check_memory(run_dir):
+    """Measured vs predicted peak device bytes per rank from RUN_DIR/memory.csv."""
+    import csv
+    path = os.path.join(run_dir, "memory.csv")
+    if not os.path.exists(path):
+        return [f"{path}: missing"], ""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return [f"{path}: no ranks"], ""
+    failures, parts = [], []
+    for r in rows:
+        measured, predicted = int(r["peak_device_bytes"]), int(r["predicted_peak_device_bytes"])
+        off = abs(measured - predicted) / max(predicted, 1)
+        parts.append(f"r{r['rank']} {measured}/{predicted}" + (f" host {r['host_pool_peak_bytes']}"
+                                                              if int(r["host_pool_peak_bytes"]) else ""))
+        if off > MEMORY_RTOL:
+            failures.append(f"memory rank {r['rank']}: measured peak {measured} B vs predicted {predicted} B "
+                            f"({100 * off:.1f}% off, limit {100 * MEMORY_RTOL:.0f}%) in {path}")
+    return failures, "memory measured/predicted B: " + ", ".join(parts)
+
+
+def checkpoint_contents(path):
+    """Every dataset and attribute of a checkpoint but checksums and the config, by name."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def attrs(name, obj):
+            for k, v in obj.attrs.items():
+                if "checksum" not in k and "config" not in k:
+                    out[f"{name}@{k}"] = np.asarray(v)
+        attrs("/", f)
+
+        def visit(name, obj):
+            if "checksum" in name or "config" in name:
+                return
+            if isinstance(obj, h5py.Dataset):
+                out[name] = np.asarray(obj[()])
+            attrs(name, obj)
+        f.visititems(visit)
+    return out
+
+
+def bit_identical(a_path, b_path):
+    a, b = checkpoint_contents(a_path), checkpoint_contents(b_path)
+    failures = [f"only in one checkpoint: {n}" for n in sorted(a.keys() ^ b.keys())]
+    for n in sorted(a.keys() & b.keys()):
+        x, y = a[n], b[n]
+        if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
+            detail = ""
+            if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
+                d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+                detail = f", max |diff| {d.max():.3g} at {list(np.unravel_index(np.argmax(d), d.shape))}"
+            failures.append(f"{n}: differs ({x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}{detail})")
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=sorted(CASES))
@@ -320,29 +384,51 @@ def main():
     model, losses = reference(case, images, labels, masks, weights)
     print(f"{args.case}: torch float64 losses {['%.6f' % v for v in losses]}")
 
-    runs = [("local", g, None) for g in case["grids"]]
+    # (kind, grid, processes, activations); the second grid runs keep, offload and recompute.
+    extra = case["grids"][1]
+    runs = []
+    for g in case["grids"]:
+        runs.append(("local", g, None, "keep" if g == extra else None))
+        if g == extra:
+            runs += [("local", g, None, p) for p in POLICIES]
     if args.mpirun:
-        runs += [("mpi", g, np_) for np_, g in case["mpi"]]
+        runs += [("mpi", g, np_, None) for np_, g in case["mpi"]]
     failed = False
-    for kind, grid, nproc in runs:
-        tag = f"{kind}-{grid[0]}x{grid[1]}" + (f"-np{nproc}" if nproc else "")
+    keep_ckpt = None
+    for kind, grid, nproc, policy in runs:
+        tag = f"{kind}-{grid[0]}x{grid[1]}" + (f"-np{nproc}" if nproc else "") + (f"-{policy}" if policy else "")
         cfg = os.path.join(work, f"{tag}.yaml")
         write_config(cfg, case, work, tag)
         cmd = [args.halotrain, "train", cfg, "--set", f"parallel.grid=[{grid[0]},{grid[1]}]"]
+        if policy:
+            cmd += ["--set", f"parallel.activations={policy}"]
         if nproc:
             cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(nproc),
                    "-x", "OMP_NUM_THREADS=1"] + cmd
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
-            print(f"  {tag}: FAILED to train (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}")
+            print(f"  {tag}: FAILED to train (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
             failed = True
             continue
-        ckpt = os.path.join(work, "runs", tag, "checkpoints", f"ckpt-{STEPS}.h5")
+        run_dir = os.path.join(work, "runs", tag)
+        ckpt = os.path.join(run_dir, "checkpoints", f"ckpt-{STEPS}.h5")
         worst, failures = compare(case, model, ckpt)
+        mem_failures, mem_line = check_memory(run_dir)
+        failures += mem_failures
+        if policy == "keep":
+            keep_ckpt = ckpt
+        elif policy:
+            if keep_ckpt is None:
+                failures.append("no keep run of this grid to compare with")
+            else:
+                failures += [f"vs keep: {line}" for line in bit_identical(keep_ckpt, ckpt)]
         status = "ok" if not failures else "MISMATCH"
-        print(f"  {tag}: {status}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}")
+        same = ", bit-identical to keep" if policy in POLICIES and not failures else ""
+        print(f"  {tag}: {status}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}{same}; {mem_line}")
         for line in failures[:10]:
             print("    " + line)
+        if failures:
+            print(f"    command: {' '.join(cmd)}")
         failed |= bool(failures)
     sys.exit(1 if failed else 0)
 

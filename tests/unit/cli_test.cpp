@@ -52,13 +52,18 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(CliTest, SeedCaseOnOneDieSaysItDoesNotFitAndWhichGridDoes) {
-  const Result r = run(std::string("plan ") + HALOTRAIN_SOURCE_DIR + "/configs/seed-k80.yaml --set parallel.grid=[1,1]");
-  EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("smallest grid that fits: [2, 1]"), std::string::npos) << r.output;
-  const Result ok = run(std::string("plan ") + HALOTRAIN_SOURCE_DIR + "/configs/seed-k80.yaml");
-  EXPECT_EQ(ok.code, 0) << ok.output;
+TEST_F(CliTest, SeedCaseOnOneDieFitsOnlyByOffloading) {
+  const std::string seed = std::string(HALOTRAIN_SOURCE_DIR) + "/configs/seed-k80.yaml";
+  const Result keep = run("plan " + seed + " --set parallel.grid=[1,1] --set parallel.activations=keep");
+  EXPECT_EQ(keep.code, 1) << keep.output;
+  EXPECT_NE(keep.output.find("does not fit"), std::string::npos) << keep.output;
+  EXPECT_NE(keep.output.find("smallest grid that fits: [2, 1]"), std::string::npos) << keep.output;
+  const Result one_die = run("plan " + seed + " --set parallel.grid=[1,1]");
+  EXPECT_EQ(one_die.code, 0) << one_die.output;
+  EXPECT_NE(one_die.output.find("offload    conv2d"), std::string::npos) << one_die.output;
+  const Result two_dies = run("plan " + seed);
+  EXPECT_EQ(two_dies.code, 0) << two_dies.output;
+  EXPECT_NE(two_dies.output.find("keep       all 24 layers"), std::string::npos) << two_dies.output;
 }
 
 TEST_F(CliTest, DatasetShapeThatIsNotTheModelInputNamesBoth) {

@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Activation policies end to end on configs/demo.yaml (grid [2, 1], two shards as threads).
+
+Trains 5 steps (batch 4 of 16 samples: the fifth step starts epoch 2) with
+parallel.activations keep, offload, recompute, and auto under a tight
+parallel.device_memory that keep does not fit but auto does, and checks:
+
+- every run exits 0;
+- all final checkpoints are bit-identical to keep's (every dataset and attribute but
+  checksums and the config);
+- per rank in each run's memory.csv: measured peak device bytes within 10% of the memory
+  model's prediction (and the host pool's too), and under the tight budget measured <= budget;
+- offload uses the host pool and peaks lower on the device than keep;
+- the tight budget is really tight: `plan` says keep DOES NOT FIT and auto FITS, and
+  `train` with keep under it exits non-zero naming parallel.device_memory.
+
+usage: policies_test.py HALOTRAIN WORKDIR
+"""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+BIN, WORK = sys.argv[1], sys.argv[2]
+DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "demo.yaml")
+STEPS = 5
+TIGHT = "220MiB"  # keep peaks at ~252 MiB per rank; auto offloads conv2d_1's output (~198 MiB)
+TIGHT_BYTES = 220 * 1024 * 1024
+MEMORY_RTOL = 0.10
+RESULTS = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}", flush=True)
+    return ok
+
+
+def sets(tag, policy, budget=None):
+    out = [f"run_dir={os.path.join(WORK, tag)}", f"data.train={os.path.join(WORK, 'demo.h5')}",
+           f"training.steps={STEPS}", "checkpoint.resume=never", f"parallel.activations={policy}"]
+    if budget:
+        out.append(f"parallel.device_memory={budget}")
+    return [a for s in out for a in ("--set", s)]
+
+
+def run(args, timeout=300):
+    cmd = [BIN] + args
+    return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def memory(tag):
+    with open(os.path.join(WORK, tag, "memory.csv")) as f:
+        return [{k: (int(v) if k != "rank" else v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def contents(path):
+    """Every dataset and attribute of a checkpoint but checksums and the config, by name."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def attrs(name, obj):
+            for k, v in obj.attrs.items():
+                if "checksum" not in k and "config" not in k:
+                    out[f"{name}@{k}"] = np.asarray(v)
+        attrs("/", f)
+
+        def visit(name, obj):
+            if "checksum" in name or "config" in name:
+                return
+            if isinstance(obj, h5py.Dataset):
+                out[name] = np.asarray(obj[()])
+            attrs(name, obj)
+        f.visititems(visit)
+    return out
+
+
+def differences(a, b):
+    out = [f"only in one checkpoint: {n}" for n in sorted(a.keys() ^ b.keys())]
+    for n in sorted(a.keys() & b.keys()):
+        x, y = a[n], b[n]
+        if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
+            detail = ""
+            if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
+                d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+                detail = f", max |diff| {d.max():.3g}"
+            out.append(f"{n} differs ({x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}{detail})")
+    return out
+
+
+def mib(b):
+    return f"{b / 1048576:.2f} MiB"
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+
+    # The tight budget: keep does not fit it, auto does.
+    for policy, fits in (("keep", False), ("auto", True)):
+        cmd, p = run(["plan", DEMO, "--set", f"parallel.device_memory={TIGHT}",
+                      "--set", f"parallel.activations={policy}"])
+        verdict = next((l for l in (p.stdout + p.stderr).splitlines() if l.startswith(("FITS", "DOES NOT FIT"))),
+                       "no verdict line")
+        print(f"     plan {policy} under {TIGHT}: exit {p.returncode}, {verdict}")
+        ok = (p.returncode == 0) == fits and verdict.startswith("FITS" if fits else "DOES NOT FIT")
+        check(f"plan with activations={policy} under {TIGHT} {'fits' if fits else 'does not fit'}", ok,
+              f"exit {p.returncode}, '{verdict}'; {' '.join(cmd)}")
+
+    runs = [("keep", "keep", None), ("offload", "offload", None), ("recompute", "recompute", None),
+            ("auto-tight", "auto", TIGHT)]
+    mem, ckpt = {}, {}
+    for tag, policy, budget in runs:
+        cmd, p = run(["train", DEMO] + sets(tag, policy, budget))
+        if not check(f"{tag}: train exits 0", p.returncode == 0,
+                     f"exit {p.returncode}; {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"):
+            continue
+        ckpt[tag] = os.path.join(WORK, tag, "checkpoints", f"ckpt-{STEPS}.h5")
+        check(f"{tag}: final checkpoint written", os.path.exists(ckpt[tag]), ckpt[tag])
+        mem[tag] = memory(tag)
+        for r in mem[tag]:
+            dev, pdev = r["peak_device_bytes"], r["predicted_peak_device_bytes"]
+            host, phost = r["host_pool_peak_bytes"], r["predicted_host_pool_bytes"]
+            print(f"     {tag} rank {r['rank']}: device peak {dev} B ({mib(dev)}) predicted {pdev} B ({mib(pdev)}); "
+                  f"host pool {host} B ({mib(host)}) predicted {phost} B ({mib(phost)})")
+            off = abs(dev - pdev) / max(pdev, 1)
+            check(f"{tag} rank {r['rank']}: device peak within {MEMORY_RTOL:.0%} of prediction", off <= MEMORY_RTOL,
+                  f"measured {dev} B vs predicted {pdev} B, {off:.1%} off; {' '.join(cmd)}")
+            hoff = abs(host - phost) / max(phost, 1)
+            check(f"{tag} rank {r['rank']}: host pool peak within {MEMORY_RTOL:.0%} of prediction",
+                  hoff <= MEMORY_RTOL or (host == 0 and phost == 0),
+                  f"measured {host} B vs predicted {phost} B; {' '.join(cmd)}")
+            if budget:
+                check(f"{tag} rank {r['rank']}: device peak within the budget {TIGHT}", dev <= TIGHT_BYTES,
+                      f"measured {dev} B > {TIGHT_BYTES} B; {' '.join(cmd)}")
+
+    # Bit for bit against keep.
+    if "keep" in ckpt:
+        ref = contents(ckpt["keep"])
+        for tag in ckpt:
+            if tag == "keep":
+                continue
+            diff = differences(ref, contents(ckpt[tag]))
+            check(f"{tag}: checkpoint bit-identical to keep ({len(ref)} datasets and attributes)", not diff,
+                  f"{len(diff)} differ: " + "; ".join(diff[:8]) + f" ({ckpt[tag]} vs {ckpt['keep']})")
+
+    # Offload moves activations to the host pool and lowers the device peak.
+    if "keep" in mem and "offload" in mem:
+        keep = {r["rank"]: r for r in mem["keep"]}
+        for r in mem["offload"]:
+            k = keep.get(r["rank"])
+            check(f"offload rank {r['rank']}: host pool used", r["host_pool_peak_bytes"] > 0,
+                  f"host_pool_peak_bytes {r['host_pool_peak_bytes']}")
+            check(f"offload rank {r['rank']}: device peak below keep's", k is not None and
+                  r["peak_device_bytes"] < k["peak_device_bytes"],
+                  f"offload {r['peak_device_bytes']} B vs keep {k and k['peak_device_bytes']} B")
+        if all(r["peak_device_bytes"] > TIGHT_BYTES for r in mem["keep"]):
+            print(f"     keep peaks above the tight budget {TIGHT} on every rank, as it should")
+        else:
+            check(f"keep peaks above the tight budget {TIGHT}", False,
+                  f"keep peaks {[r['peak_device_bytes'] for r in mem['keep']]} B, budget {TIGHT_BYTES} B")
+
+    # keep under the tight budget: refused, naming parallel.device_memory.
+    cmd, p = run(["train", DEMO] + sets("keep-tight", "keep", TIGHT))
+    out = p.stdout + p.stderr
+    lines = [l for l in out.splitlines() if "device_memory" in l and "error" in l.lower()] or \
+            [l for l in out.splitlines() if "device_memory" in l and not l.lstrip().startswith("device_memory")]
+    print(f"     keep under {TIGHT}: exit {p.returncode}: {lines[0].strip() if lines else '(no message)'}")
+    check(f"keep under {TIGHT}: train exits non-zero", p.returncode != 0, f"exit 0; {' '.join(cmd)}")
+    check(f"keep under {TIGHT}: message names device_memory", bool(lines),
+          f"no line mentions device_memory; {' '.join(cmd)}\n{out[-3000:]}")
+
+    failed = RESULTS.count(False)
+    print(f"{len(RESULTS) - failed}/{len(RESULTS)} checks passed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
