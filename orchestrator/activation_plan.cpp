@@ -34,7 +34,7 @@ DeviceCostModel cost_model_for(const Config& config) {
 }
 
 double StepTime::total() const {
-  return compute + recompute + halo + allreduce + std::max(0.0, offload - compute - recompute);
+  return compute + recompute + halo + allreduce + offload;
 }
 
 namespace {

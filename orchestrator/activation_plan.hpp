@@ -38,7 +38,8 @@ struct StepTime {
   double halo = 0;       // forward and backward halos (and gathers again for backward)
   double allreduce = 0;  // the weight gradients, ring all-reduce over every rank
   double offload = 0;    // host traffic of offloaded activations (out and back)
-  // Offload runs on a side stream beside compute: only the part longer than compute shows.
+  // The worker copies offloaded activations synchronously (no side stream yet), so every
+  // part adds up.
   double total() const;
 };
 StepTime predict_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,

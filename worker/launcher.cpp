@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "orchestrator/memory_model.hpp"
+#include "orchestrator/plan_report.hpp"
 #include "worker/local_comm.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
@@ -73,6 +74,13 @@ std::unique_ptr<Comm> make_world_comm(const Config& config, ComputeBackend& back
   return make_nccl_world_comm(backend);
 }
 
+// A plan whose predicted peak passes parallel.device_memory is refused before any step
+// runs, with plan's message (the need, the budget, the smallest grid that fits).
+void check_fits(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
+  const std::string verdict = fit_verdict(config, model, plan);
+  if (!verdict.empty()) throw ConfigError(verdict);
+}
+
 GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
   if (config.parallel.grid_auto) return choose_grid(config, model, groups);
   return {config.parallel.grid_rows, config.parallel.grid_cols};
@@ -88,6 +96,7 @@ TrainSummary run_mpi(const Config& config, const ModelSpec& model, int world_siz
         grid.rows, grid.cols, grid.rows * grid.cols, world_size));
   const ShardPlan plan = make_shard_plan(model, grid, world_size);
   check_batch(config, plan);
+  check_fits(config, model, plan);
   if (world.rank() == 0) ensure_data(config);
   world.barrier();
   const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", 1));
@@ -104,6 +113,7 @@ TrainSummary run_mpi(const Config& config, const ModelSpec& model, int world_siz
 TrainSummary run_local(const Config& config, const ModelSpec& model) {
   const ShardPlan plan = make_shard_plan(model, grid_of(config, model, 1));
   check_batch(config, plan);
+  check_fits(config, model, plan);
   ensure_data(config);
   const int world = plan.world();
   const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);

@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""The seed case at full resolution on this CPU: measured peak per shard vs the memory model.
+
+Trains configs/seed-k80.yaml (2 x 5928 x 4728 x 1, batch 2) for two steps with the CPU
+backend and the allocator's cap at the K80 die's 11441 MiB per shard:
+  - grid [2, 1] (one shard per die of one K80; both shards as threads of one process),
+  - grid [1, 1] (the whole image on one "die": the planner must offload or recompute),
+with `parallel.activations: auto`. For every rank it prints the measured peak of the
+counting allocator (run_dir/memory.csv) against the prediction, the host pool holding
+offloaded activations, the step time and the process's peak RSS (which adds oneDNN's
+scratch, HDF5 buffers and the data tile staging to the tracked bytes). It also prints
+what `halotrain plan` predicts for the same config on K80 dies (backend cuda).
+
+Needs about 20 GiB of free memory; skips (exit 0) with a message when there is less.
+Exit 1 when a measured peak is more than 10% from its prediction or above the cap.
+
+usage: seed_memory.py --halotrain BIN [--workdir DIR] [--out FILE.md]
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = os.path.join(HERE, "..", "configs", "seed-k80.yaml")
+CAP = "11441MiB"
+NEEDED_GIB = 20
+
+
+def mem_available_gib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 0
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def plan_json(binary, sets):
+    args = [binary, "plan", SEED, "--json"] + [a for s in sets for a in ("--set", s)]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        sys.exit(f"seed_memory: {' '.join(args)} failed:\n{p.stderr}")
+    return json.loads(p.stdout)
+
+
+def policies_text(plan):
+    parts = []
+    for policy in ("offload", "recompute"):
+        names = [l["name"] for l in plan["layers"] if l["activations"] == policy]
+        if names:
+            parts.append(f"{policy}: {', '.join(names)}")
+    return "; ".join(parts) or "keep all"
+
+
+def train(binary, sets, log_path):
+    args = [binary, "train", SEED] + [a for s in sets for a in ("--set", s)]
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"seed_memory: {' '.join(args)} failed; see {log_path}")
+    return usage.ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--halotrain", required=True)
+    ap.add_argument("--workdir", default="bench-seed")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    free = mem_available_gib()
+    if free < NEEDED_GIB:
+        print(f"seed_memory: skipped: {free:.1f} GiB available, the seed case at full resolution needs "
+              f"about {NEEDED_GIB} GiB")
+        return 0
+    os.makedirs(a.workdir, exist_ok=True)
+    data = os.path.abspath(os.path.join(a.workdir, "seed.h5"))
+    k80 = plan_json(a.halotrain, [])
+    lines = [f"# Seed case at full resolution, CPU backend, cap {CAP} per shard",
+             "", f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} CPUs, "
+             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB", "",
+             f"On K80 dies (`halotrain plan configs/seed-k80.yaml`): peak {gib(k80['max_peak_device_bytes'])} "
+             f"per die, predicted step {k80['step_time']['seconds']:.3f} s "
+             f"(compute {k80['step_time']['compute']:.3f}, halo {k80['step_time']['halo']:.4f}, "
+             f"all-reduce {k80['step_time']['allreduce']:.4f}, offload {k80['step_time']['offload']:.3f})", "",
+             "| grid | policies (auto) | rank | predicted peak | measured peak | measured / predicted | "
+             "host pool measured / predicted | step 1 / step 2 s | process peak RSS |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    failed = False
+    for grid in ("[2,1]", "[1,1]"):
+        tag = grid.strip("[]").replace(",", "x")
+        run_dir = os.path.abspath(os.path.join(a.workdir, f"run-{tag}"))
+        sets = ["parallel.backend=cpu", f"parallel.grid={grid}", f"parallel.device_memory={CAP}",
+                "parallel.activations=auto", "training.steps=2", "checkpoint.resume=never",
+                f"run_dir={run_dir}", f"data.train={data}"]
+        plan = plan_json(a.halotrain, sets)
+        if not plan["fits"]:
+            sys.exit(f"seed_memory: grid {grid} does not fit: {plan['verdict']}")
+        rss = train(a.halotrain, sets, os.path.join(a.workdir, f"train-{tag}.log"))
+        with open(os.path.join(run_dir, "metrics.csv")) as f:
+            seconds = [float(r["seconds"]) for r in csv.DictReader(f)]
+        with open(os.path.join(run_dir, "memory.csv")) as f:
+            for row in csv.DictReader(f):
+                measured, predicted = int(row["peak_device_bytes"]), int(row["predicted_peak_device_bytes"])
+                ratio = measured / predicted
+                failed |= abs(ratio - 1) > 0.10 or measured > 11441 * 2**20
+                lines.append(
+                    f"| {grid} | {policies_text(plan)} | {row['rank']} | {predicted} ({gib(predicted)}) | "
+                    f"{measured} ({gib(measured)}) | {ratio:.4f} | {gib(int(row['host_pool_peak_bytes']))} / "
+                    f"{gib(int(row['predicted_host_pool_bytes']))} | {' / '.join(f'{x:.1f}' for x in seconds)} | {gib(rss)} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
