@@ -92,7 +92,23 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
   };
   add_slot(adam ? "adam_m" : "sgd_velocity", optimizer.m);
   add_slot("adam_v", optimizer.v);
-  write_checkpoint(path, layers, state);
+  try {
+    write_checkpoint(path, layers, state);
+  } catch (const std::runtime_error& e) {
+    // The storage refused (disk full, quota, file size limit): nothing the program can
+    // mend, and nothing lost: the temporary file is gone and older checkpoints untouched.
+    // HDF5's error stack names the system's reason once; that is what the user needs.
+    std::string reason = e.what();
+    const std::string key = "error message = '";
+    if (const size_t at = reason.find(key); at != std::string::npos) {
+      const size_t from = at + key.size();
+      reason = reason.substr(from, reason.find('\'', from) - from);
+    }
+    throw ConfigError(fmt::format("cannot write checkpoint {}: {}; the checkpoints already in {} are intact: "
+                                  "free space (or raise the file size limit) and run again to resume from "
+                                  "the newest",
+                                  path, reason, dir.string()));
+  }
   prune(dir, config.checkpoint.keep);
   return path;
 }
