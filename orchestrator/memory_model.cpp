@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 
 #include "orchestrator/activation_plan.hpp"
@@ -221,15 +222,35 @@ class StepReplay {
     return ext;
   }
 
+  // The CUDA backend's conv scratch (kernels/cuda/cudnn_conv.cpp), shared by all convs:
+  // the cuDNN workspace (counted at its limit from the first conv on), and the zeroed
+  // copy of the input that turns asymmetric padding into cuDNN's symmetric one, which
+  // grows to the largest such input, rounded up as DeviceScratch does.
+  void cudnn_scratch(int l) {
+    if (!cuda_workspace_) alloc(kWorkspace, kConvWorkspaceLimit);
+    cuda_workspace_ = true;
+    const LayerPlan& lp = plan_.layers[l];
+    const int iy = plan_.grid_row_of(rank_), ix = plan_.grid_col_of(rank_);
+    const Rect in = plan_.needed_input(l, rank_);
+    const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
+    const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
+    if (extra_h == 0 && extra_w == 0) return;
+    const uint64_t bytes = uint64_t(b_) * spec(l).in.c * uint64_t(in.rows.size() + extra_h) *
+                           uint64_t(in.cols.size() + extra_w) * kFloat;
+    const uint64_t unit = bytes < (uint64_t(1) << 20) ? 4096 : uint64_t(1) << 20;
+    const uint64_t rounded = (bytes + unit - 1) / unit * unit;
+    if (rounded <= padded_) return;
+    release(kWorkspace, padded_);
+    padded_ = rounded;
+    alloc(kWorkspace, padded_);
+  }
+
   void forward(int l, bool recompute) {
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
     alloc(kActivations, act_bytes(l + 1));
-    if (w && !cuda_workspace_ && spec(l).config.type == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) {
-      alloc(kWorkspace, kConvWorkspaceLimit);
-      cuda_workspace_ = true;
-    }
+    if (spec(l).config.type == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     // A recomputed layer is not keep (the recompute policy), so drops its extended input.
     if (w && (recompute || !keeps_ext(l))) release(kActivations, ext);
     where_[l + 1] = Where::Device;
@@ -321,6 +342,7 @@ class StepReplay {
   int b_;
   std::vector<Where> where_;
   bool cuda_workspace_ = false;
+  uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
   uint64_t live_[kKinds] = {}, at_peak_[kKinds] = {};
   uint64_t total_ = 0, peak_ = 0, host_ = 0, host_peak_ = 0;
 };

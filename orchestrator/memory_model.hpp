@@ -48,7 +48,7 @@ struct MemoryEstimate {
   uint64_t input = 0;       // the image tile and the targets
   uint64_t activations = 0; // saved for backward: layer outputs, extended inputs of windowed layers
   uint64_t transient = 0;   // gradients in flight, inputs gathered again for a backward
-  uint64_t workspace = 0;   // cuDNN workspace (CUDA backend)
+  uint64_t workspace = 0;   // CUDA backend: cuDNN workspace, padded copy for asymmetric padding
   uint64_t halo = 0;        // staging of the exchange running at the peak (send + receive)
   uint64_t total = 0;       // the predicted peak device bytes: the sum of the above
   uint64_t host_offload = 0;  // peak of the host pool holding offloaded activations

@@ -81,6 +81,19 @@ TEST(MemoryModel, BreakdownAddsUpAndCountsTheReplicatedState) {
   EXPECT_EQ(estimate_memory(c, p, 0).workspace, kConvWorkspaceLimit);
 }
 
+// cuDNN pads both sides alike: at a shard edge (padding 1 at the image border, 0 towards
+// the neighbour) the CUDA conv runs on a zeroed copy one row taller, kept in one scratch
+// that grows to the largest such copy (rounded up to 4 KiB below 1 MiB).
+TEST(MemoryModel, CudaCountsThePaddedCopyAtAShardEdge) {
+  Config c = classifier();
+  c.parallel.backend = Backend::CUDA;
+  const ModelSpec m = build_model_spec(c);
+  const MemoryEstimate e = estimate_memory(c, make_shard_plan(m, {2, 1}), 0);
+  // First conv: 4 images x 1 channel x (33 + 1) rows x 48 cols x 4 B = 26112 -> 28672.
+  // Second conv (after the 2x2 pool): 4 x 8 x (17 + 1) x 24 x 4 = 55296 -> 57344.
+  EXPECT_EQ(e.workspace, kConvWorkspaceLimit + 57344);
+}
+
 // One 8 x 8 image, conv(2, 3x3 same) -> relu -> global pool -> dense(2), counted by hand
 // in the worker's order. One shard reads exactly what it owns: no extended copies.
 TEST(MemoryModel, KeepPeakMatchesAHandCount) {
