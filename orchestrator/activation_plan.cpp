@@ -14,6 +14,7 @@ DeviceCostModel k80_die() {
   d.devices_per_link = 2;
   d.peer_bw = 12e9;
   d.network_bw = 6e9;
+  d.copies_overlap = true;
   return d;
 }
 
@@ -34,7 +35,8 @@ DeviceCostModel cost_model_for(const Config& config) {
 }
 
 double StepTime::total() const {
-  return compute + recompute + halo + allreduce + offload;
+  const double exposed = overlapped ? std::max(0.0, offload - compute - recompute) : offload;
+  return compute + recompute + halo + allreduce + exposed;
 }
 
 namespace {
@@ -57,6 +59,7 @@ double forward_seconds(const ShardPlan& plan, int l, int rank, int batch, const 
 StepTime rank_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,
                         const DeviceCostModel& d, int rank) {
   StepTime t;
+  t.overlapped = d.copies_overlap;
   const int b = local_batch(config, plan);
   const ModelSpec& m = plan.model;
   for (int l = 0; l < int(m.layers.size()); ++l) {

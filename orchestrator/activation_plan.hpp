@@ -22,6 +22,7 @@ struct DeviceCostModel {
   int devices_per_link = 1;   // devices sharing that link (a K80's two dies share one x16)
   double peer_bw = 0;         // halo and all-reduce bytes/s between devices of one node
   double network_bw = 0;      // between nodes
+  bool copies_overlap = false;  // offload copies run beside compute (a transfer stream)
 };
 
 // Tesla K80, per GK210 die: 4.37 TFLOP/s fp32 at boost, 240 GB/s, PCIe 3 x16 about
@@ -38,8 +39,7 @@ struct StepTime {
   double halo = 0;       // forward and backward halos (and gathers again for backward)
   double allreduce = 0;  // the weight gradients, ring all-reduce over every rank
   double offload = 0;    // host traffic of offloaded activations (out and back)
-  // The worker copies offloaded activations synchronously (no side stream yet), so every
-  // part adds up.
+  bool overlapped = false;  // offload runs beside compute: only what outlasts it shows
   double total() const;
 };
 StepTime predict_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,

@@ -163,7 +163,7 @@ class StepReplay {
 
  private:
   // Where act[i] (the input of layer i; act[0] the image tile) lives.
-  enum class Where { Device, Host, Dropped, Freed };
+  enum class Where { Device, Host, Prefetched, Dropped, Freed };
 
   void alloc(Kind k, uint64_t bytes) {
     live_[k] += bytes;
@@ -256,10 +256,15 @@ class StepReplay {
     where_[l + 1] = Where::Device;
   }
 
+  // Trainer::prefetch: device memory for an offloaded activation, copied back beside compute.
+  void prefetch(int i) {
+    alloc(kActivations, act_bytes(i));
+    where_[i] = Where::Prefetched;
+  }
   // The input of layer l is on the device (fetched, or recomputed from the last stored one).
   void restore_input(int l) {
-    if (where_[l] == Where::Host) {
-      alloc(kActivations, act_bytes(l));
+    if (where_[l] == Where::Host) prefetch(l);
+    if (where_[l] == Where::Prefetched) {
       host_ -= act_bytes(l);
       where_[l] = Where::Device;
     } else if (where_[l] == Where::Dropped) {
@@ -314,22 +319,31 @@ class StepReplay {
     alloc(kInput, act_bytes(0));
     alloc(kInput, targets);
     where_[0] = Where::Device;
+    int leaving = -1;  // offloaded, its device copy freed after the next layer's forward
+    auto finish_offload = [&] {
+      if (leaving >= 0) release(kActivations, act_bytes(leaving));
+      leaving = -1;
+    };
     for (int l = 0; l < L; ++l) {
       forward(l, false);
+      if (l == 0) continue;
       // Layer l was the last reader of act[l]: layer l - 1's policy decides where it waits.
-      if (l > 0 && policy_[l - 1] == ActivationPolicy::Offload) {
-        release(kActivations, act_bytes(l));
+      finish_offload();
+      if (policy_[l - 1] == ActivationPolicy::Offload) {
         host_ += act_bytes(l);
         host_peak_ = std::max(host_peak_, host_);
         where_[l] = Where::Host;
-      } else if (l > 0 && policy_[l - 1] == ActivationPolicy::Recompute) {
+        leaving = l;
+      } else if (policy_[l - 1] == ActivationPolicy::Recompute) {
         release(kActivations, act_bytes(l));
         where_[l] = Where::Dropped;
       }
     }
+    finish_offload();
     alloc(kTransient, act_bytes(L));  // the loss gradient
     for (int l = L - 1; l >= 0; --l) {
       restore_input(l);
+      if (l > 0 && where_[l - 1] == Where::Host) prefetch(l - 1);  // beside layer l's backward
       backward(l);
     }
   }

@@ -187,10 +187,11 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
   const DeviceCostModel device = cost_model_for(config);
   const StepTime st = predict_step_time(config, plan, policies, device);
   line(fmt::format("predicted step time on one {} per rank: {}", device.name, seconds_text(st.total())));
-  line(fmt::format("  compute {}, recompute {}, halo {}, all-reduce {}, offload traffic {} (at the peak rates: "
+  line(fmt::format("  compute {}, recompute {}, halo {}, all-reduce {}, offload traffic {}{} (at the peak rates: "
                    "{:.2f} TFLOP/s, {:.0f} GB/s memory, {:.0f} GB/s host link shared by {})",
                    seconds_text(st.compute), seconds_text(st.recompute), seconds_text(st.halo),
-                   seconds_text(st.allreduce), seconds_text(st.offload), device.flops / 1e12,
+                   seconds_text(st.allreduce), seconds_text(st.offload),
+                   st.overlapped ? " beside compute" : "", device.flops / 1e12,
                    device.memory_bw / 1e9, device.host_link_bw / 1e9, device.devices_per_link));
   line("");
 

@@ -37,6 +37,16 @@ class ComputeBackend {
   // Host memory for activations offloaded between forward and backward
   // (parallel.activations: offload), counted apart from the device: pinned on CUDA.
   virtual Allocator& host_pool() = 0;
+  // Copies between this device and host_pool() memory that run beside compute (CUDA: on a
+  // transfer stream, ordered after the work queued before the call). `to_device_async`
+  // targets device memory, `to_host_async` host memory. transfers_done_for_compute()
+  // orders later compute after every transfer begun (the host does not wait);
+  // wait_transfers() returns once they are done (before freeing a source). The CPU
+  // backend copies at once.
+  virtual void to_host_async(void* host_dst, const void* src, size_t bytes) { to_host(host_dst, src, bytes); }
+  virtual void to_device_async(void* dst, const void* host_src, size_t bytes) { from_host(dst, host_src, bytes); }
+  virtual void transfers_done_for_compute() {}
+  virtual void wait_transfers() {}
   virtual std::string device_name() const = 0;
 
   // Memory movement.

@@ -161,35 +161,53 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
 
 // The activations of one step: acts[i] is the input of layer i (acts[0] the image tile).
 // Between forward and backward each waits on the device, in the backend's host pool, or
-// nowhere, as the policy of the layer that produced it says; `restore` brings it back
-// (fetching, or running the forward again from the last stored one). The orchestrator's
+// nowhere, as the policy of the layer that produced it says. An offloaded activation's
+// copy to the host runs beside the next layer's forward (its device memory goes after
+// it), and it comes back beside the backward of the layer above the one that reads it.
+// A dropped one is computed again from the nearest stored activation. The orchestrator's
 // StepReplay replays exactly these allocations to predict the peak.
 struct Trainer::StepActivations {
   std::vector<Tensor> device, host;
+  int leaving = -1;  // the activation whose device copy is on its way to the host
   explicit StepActivations(int layers) : device(layers + 1), host(layers + 1) {}
 };
 
+void Trainer::finish_offload(StepActivations& a) {
+  if (a.leaving < 0) return;
+  backend_->wait_transfers();
+  a.device[a.leaving].release();
+  a.leaving = -1;
+}
+
 void Trainer::stash(StepActivations& a, int i) {
+  finish_offload(a);
   const ActivationPolicy p = policies_[i - 1];
   if (p == ActivationPolicy::Keep) return;
   Tensor& t = a.device[i];
   if (p == ActivationPolicy::Offload) {
     a.host[i] = Tensor(backend_->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
-    backend_->to_host(a.host[i].data(), t.data(), t.bytes());
+    backend_->to_host_async(a.host[i].data(), t.data(), t.bytes());
+    a.leaving = i;
+    return;
   }
   t.release();
 }
 
+void Trainer::prefetch(StepActivations& a, int i) {
+  const Tensor& h = a.host[i];
+  a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
+                       "activation fetched back for layer " + plan_.model.layers[i].config.name);
+  backend_->to_device_async(a.device[i].data(), h.data(), h.bytes());
+}
+
 void Trainer::restore(StepActivations& a, int i) {
-  if (!a.device[i].empty()) return;
   if (!a.host[i].empty()) {
-    const Tensor& h = a.host[i];
-    a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
-                         "activation fetched back for layer " + plan_.model.layers[i].config.name);
-    backend_->from_host(a.device[i].data(), h.data(), h.bytes());
-    a.host[i].release();
+    if (a.device[i].empty()) prefetch(a, i);  // not fetched ahead: fetch now
+    backend_->transfers_done_for_compute();
+    a.host[i].release();  // later copies into this block queue behind this one
     return;
   }
+  if (!a.device[i].empty()) return;
   // Dropped: run the forward again from the nearest activation still stored.
   int k = i - 1;
   while (a.device[k].empty() && a.host[k].empty()) --k;
@@ -206,6 +224,7 @@ double Trainer::train_step(int64_t step) {
     acts.device[l + 1] = layers_[l]->forward(acts.device[l]);
     if (l > 0) stash(acts, l);  // layer l was the last to read its input
   }
+  finish_offload(acts);
   const Tensor& y = acts.device[L];
   Tensor dy(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
   const double loss = loss_and_grad(y, batch, dy);
@@ -218,6 +237,7 @@ double Trainer::train_step(int64_t step) {
   }
   for (int l = L - 1; l >= 0; --l) {
     restore(acts, l);
+    if (l > 0 && !acts.host[l - 1].empty() && acts.device[l - 1].empty()) prefetch(acts, l - 1);
     Tensor dx = layers_[l]->backward(acts.device[l], acts.device[l + 1], dy, l > 0);
     layers_[l]->release_saved();
     acts.device[l + 1].release();

@@ -60,8 +60,10 @@ class Trainer {
   void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
   double train_step(int64_t step);
   struct StepActivations;
-  void stash(StepActivations& acts, int index);    // after the last forward read of acts[index]
-  void restore(StepActivations& acts, int index);  // acts[index] back on the device
+  void stash(StepActivations& acts, int index);     // after the last forward read of acts[index]
+  void finish_offload(StepActivations& acts);        // the copy under way is done: free its source
+  void prefetch(StepActivations& acts, int index);   // starts bringing acts[index] back
+  void restore(StepActivations& acts, int index);    // acts[index] on the device, ready for compute
   double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
   void optimizer_step(int64_t step);
   std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank

@@ -52,7 +52,12 @@ CudaBackend::CudaBackend(const BackendOptions& o)
 
 CudaBackend::~CudaBackend() {
   // Finish queued work before buffers go back; errors cannot be reported from here.
-  if (cudaSetDevice(device_) == cudaSuccess) (void)cudaDeviceSynchronize();
+  if (cudaSetDevice(device_) == cudaSuccess) {
+    (void)cudaDeviceSynchronize();
+    if (transfer_done_) (void)cudaEventDestroy(transfer_done_);
+    if (compute_done_) (void)cudaEventDestroy(compute_done_);
+    if (transfer_stream_) (void)cudaStreamDestroy(transfer_stream_);
+  }
   (void)cudaGetLastError();
 }
 
@@ -79,6 +84,41 @@ void CudaBackend::from_host(void* dst, const void* host_src, size_t bytes) {
   if (!bytes) return;
   bind();
   CUDA_CHECK(cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice));
+}
+
+void CudaBackend::start_transfer(void* dst, const void* src, size_t bytes) {
+  bind();
+  if (!transfer_stream_) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&transfer_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&transfer_done_, cudaEventDisableTiming));
+  }
+  // The copy starts once the compute queued so far (which wrote its source) is done; the
+  // transfer stream runs copies in order, so transfer_done_ covers every one begun.
+  CUDA_CHECK(cudaEventRecord(compute_done_, 0));
+  CUDA_CHECK(cudaStreamWaitEvent(transfer_stream_, compute_done_, 0));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, transfer_stream_));
+  CUDA_CHECK(cudaEventRecord(transfer_done_, transfer_stream_));
+}
+
+void CudaBackend::to_host_async(void* host_dst, const void* src, size_t bytes) {
+  if (bytes) start_transfer(host_dst, src, bytes);
+}
+
+void CudaBackend::to_device_async(void* dst, const void* host_src, size_t bytes) {
+  if (bytes) start_transfer(dst, host_src, bytes);
+}
+
+void CudaBackend::transfers_done_for_compute() {
+  if (!transfer_done_) return;
+  bind();
+  CUDA_CHECK(cudaStreamWaitEvent(0, transfer_done_, 0));
+}
+
+void CudaBackend::wait_transfers() {
+  if (!transfer_done_) return;
+  bind();
+  CUDA_CHECK(cudaEventSynchronize(transfer_done_));
 }
 
 void CudaBackend::fill_zero(float* dst, size_t count) {

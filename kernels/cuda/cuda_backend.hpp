@@ -5,6 +5,8 @@
 // reduction shapes, deterministic cuDNN algorithms where one exists.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -37,6 +39,10 @@ class CudaBackend final : public ComputeBackend {
   int device() const { return device_; }
 
   void to_host(void* host_dst, const void* src, size_t bytes) override;
+  void to_host_async(void* host_dst, const void* src, size_t bytes) override;
+  void to_device_async(void* dst, const void* host_src, size_t bytes) override;
+  void transfers_done_for_compute() override;
+  void wait_transfers() override;
   void from_host(void* dst, const void* host_src, size_t bytes) override;
   void fill_zero(float* dst, size_t count) override;
   void copy(float* dst, const float* src, size_t count) override;
@@ -102,6 +108,11 @@ class CudaBackend final : public ComputeBackend {
   int device_;
   CudaAllocator alloc_;
   PinnedHostAllocator host_pool_;
+  // Offload copies: a non-blocking stream beside the default (compute) stream, and the
+  // events that order one after the other. Created on first use.
+  void start_transfer(void* dst, const void* src, size_t bytes);
+  cudaStream_t transfer_stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, transfer_done_ = nullptr;
   DeviceScratch params_, partials_, labels_, workspace_, padded_;
   std::unique_ptr<CudnnContext, void (*)(CudnnContext*)> cudnn_{nullptr, destroy_cudnn_context};
 };
