@@ -26,6 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import checkpoints  # noqa: E402
+
 STEPS = 3
 ATOL, RTOL = 1e-5, 1e-4
 MEMORY_RTOL = 0.10  # |measured - predicted| peak device bytes per rank, relative to predicted
@@ -323,40 +326,6 @@ def check_memory(run_dir):
     return failures, "memory measured/predicted B: " + ", ".join(parts)
 
 
-def checkpoint_contents(path):
-    """Every dataset and attribute of a checkpoint but checksums and the config, by name."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        def attrs(name, obj):
-            for k, v in obj.attrs.items():
-                if "checksum" not in k and "config" not in k:
-                    out[f"{name}@{k}"] = np.asarray(v)
-        attrs("/", f)
-
-        def visit(name, obj):
-            if "checksum" in name or "config" in name:
-                return
-            if isinstance(obj, h5py.Dataset):
-                out[name] = np.asarray(obj[()])
-            attrs(name, obj)
-        f.visititems(visit)
-    return out
-
-
-def bit_identical(a_path, b_path):
-    a, b = checkpoint_contents(a_path), checkpoint_contents(b_path)
-    failures = [f"only in one checkpoint: {n}" for n in sorted(a.keys() ^ b.keys())]
-    for n in sorted(a.keys() & b.keys()):
-        x, y = a[n], b[n]
-        if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x, y):
-            detail = ""
-            if x.shape == y.shape and x.dtype.kind == "f" and y.dtype.kind == "f":
-                d = np.abs(x.astype(np.float64) - y.astype(np.float64))
-                detail = f", max |diff| {d.max():.3g} at {list(np.unravel_index(np.argmax(d), d.shape))}"
-            failures.append(f"{n}: differs ({x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}{detail})")
-    return failures
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("case", choices=sorted(CASES))
@@ -421,7 +390,7 @@ def main():
             if keep_ckpt is None:
                 failures.append("no keep run of this grid to compare with")
             else:
-                failures += [f"vs keep: {line}" for line in bit_identical(keep_ckpt, ckpt)]
+                failures += [f"vs keep: {line}" for line in checkpoints.differences(keep_ckpt, ckpt)]
         status = "ok" if not failures else "MISMATCH"
         same = ", bit-identical to keep" if policy in POLICIES and not failures else ""
         print(f"  {tag}: {status}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}{same}; {mem_line}")
