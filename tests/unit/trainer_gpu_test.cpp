@@ -120,3 +120,28 @@ TEST_F(TrainerGpuTest, CudaWithRecycleEveryStepTrainsLikeCpu) {
 }
 
 }  // namespace
+
+// Offload copies run on the transfer stream beside compute, recompute runs the forward
+// again: neither may change the trajectory. On CUDA the memory model counts the cuDNN
+// workspace at its limit, so each rank's measured peak (run_dir/memory.csv) must stay
+// under the prediction.
+TEST_F(TrainerGpuTest, CudaOffloadAndRecomputeTrainLikeCpuUnderThePredictedPeak) {
+  const std::string ref = train("cpu", "--set parallel.backend=cpu");
+  for (const std::string policy : {"offload", "recompute"}) {
+    const std::string got = train(policy, "--set parallel.backend=cuda --set parallel.activations=" + policy);
+    if (HasFailure()) return;
+    expect_same_weights(got, ref);
+    std::ifstream csv(dir_ / policy / "memory.csv");
+    std::string line;
+    std::getline(csv, line);  // header
+    int rows = 0;
+    while (std::getline(csv, line)) {
+      unsigned long long rank = 0, measured = 0, predicted = 0;
+      ASSERT_EQ(std::sscanf(line.c_str(), "%llu,%llu,%llu", &rank, &measured, &predicted), 3) << line;
+      EXPECT_LE(measured, predicted)
+          << policy << " rank " << rank << ": measured " << measured << " B, predicted " << predicted << " B";
+      ++rows;
+    }
+    EXPECT_EQ(rows, 2) << policy;
+  }
+}
