@@ -117,6 +117,11 @@ TrainSummary run_local(const Config& config, const ModelSpec& model) {
   ensure_data(config);
   const int world = plan.world();
   const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);
+  // libgomp binds each shard's team to the same first places: the shards then share cores.
+  if (world > 1 && (std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES")))
+    log().warn("OMP_PROC_BIND/OMP_PLACES is set: the {} shards of this process would bind their threads to "
+               "the same cores; unset it, or run one rank per shard under mpirun with --bind-to",
+               world);
   // Backend memory crosses threads through the host: a CUDA halo goes device -> host -> device.
   auto comms = LocalComm::create(world, memory_ops(config.parallel.backend));
   std::vector<std::exception_ptr> errors(world);
