@@ -45,56 +45,96 @@ uint64_t tile_bytes(const Rect& r, int channels, int batch) {
   return uint64_t(r.area()) * uint64_t(channels) * uint64_t(batch) * sizeof(float);
 }
 
-// Forward seconds of layer l on `rank`: the larger of its arithmetic and its memory traffic.
-double forward_seconds(const ShardPlan& plan, int l, int rank, int batch, const DeviceCostModel& d) {
-  const LayerSpec& L = plan.model.layers[l];
-  const Rect out = L.spatial ? plan.owned_output(l, rank) : Rect{{0, 1}, {0, 1}};
-  const Rect in = L.spatial ? plan.owned_input(l, rank) : Rect{{0, 1}, {0, 1}};
-  const double share = double(out.area()) / (double(L.out.h) * L.out.w);
-  const double flops = double(L.flops_per_image) * share * batch;
-  const double bytes = double(tile_bytes(in, L.in.c, batch) + tile_bytes(out, L.out.c, batch));
-  return std::max(flops / d.flops, bytes / d.memory_bw);
+bool regathers(const LayerSpec& L, int l) {
+  return L.windowed() &&
+         (L.config.type == LayerType::Conv2D || (L.config.type == LayerType::MaxPool2D && l > 0));
 }
 
-StepTime rank_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,
-                        const DeviceCostModel& d, int rank) {
-  StepTime t;
-  t.overlapped = d.copies_overlap;
-  const int b = local_batch(config, plan);
-  const ModelSpec& m = plan.model;
-  for (int l = 0; l < int(m.layers.size()); ++l) {
-    const double f = forward_seconds(plan, l, rank, b, d);
-    t.compute += 3 * f;
-    if (policies[l] == ActivationPolicy::Recompute) t.recompute += f;
-    if (policies[l] == ActivationPolicy::Offload) {
-      // Out after forward, back before backward; the dies of a card share the link.
-      const Rect out = plan.owned_output(l, rank);
-      t.offload += 2.0 * double(tile_bytes(out, m.layers[l].out.c, b)) * d.devices_per_link / d.host_link_bw;
+// Every shard's per-layer seconds, computed once; a prediction for given policies is then
+// a sum per shard (the policy search evaluates hundreds).
+class StepTimeModel {
+ public:
+  StepTimeModel(const Config& config, const ShardPlan& plan, const DeviceCostModel& d) : overlap_(d.copies_overlap) {
+    const ModelSpec& m = plan.model;
+    const int b = local_batch(config, plan), L = int(m.layers.size());
+    const double allreduce =
+        plan.world() > 1 ? 2.0 * (plan.world() - 1) / plan.world() * double(m.param_count(true)) * sizeof(float) /
+                               (node_of(config, plan.world() - 1) > 0 ? d.network_bw : d.peer_bw)
+                         : 0.0;
+    for (int r = 0; r < plan.shards(); ++r) {
+      Shard s;
+      s.allreduce = allreduce;
+      const int node = node_of(config, r);
+      for (int l = 0; l < L; ++l) {
+        const LayerSpec& spec = m.layers[l];
+        const Rect one{{0, 1}, {0, 1}};
+        const Rect out = spec.spatial ? plan.owned_output(l, r) : one;
+        const Rect in = spec.spatial ? plan.owned_input(l, r) : one;
+        // The larger of its arithmetic and its memory traffic.
+        const double share = double(out.area()) / (double(spec.out.h) * spec.out.w);
+        const double flops = double(spec.flops_per_image) * share * b;
+        const double bytes = double(tile_bytes(in, spec.in.c, b) + tile_bytes(out, spec.out.c, b));
+        s.forward.push_back(std::max(flops / d.flops, bytes / d.memory_bw));
+        // Out after forward, back before backward; the devices on one link share it.
+        s.offload.push_back(2.0 * double(tile_bytes(out, spec.out.c, b)) * d.devices_per_link / d.host_link_bw);
+        double sends = 0, receives = 0;
+        auto seconds = [&](int peer, uint64_t n) {
+          return double(n) / (node_of(config, peer) == node ? d.peer_bw : d.network_bw);
+        };
+        for (HaloPhase ph : {HaloPhase::Rows, HaloPhase::Cols}) {
+          for (const HaloRegion& h : plan.sends(l, r, ph)) sends += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
+          for (const HaloRegion& h : plan.receives(l, r, ph))
+            receives += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
+        }
+        s.halo += sends + receives;
+        s.regather.push_back(regathers(spec, l) ? sends : 0.0);
+      }
+      shards_.push_back(std::move(s));
     }
   }
-  const HaloTraffic h = halo_traffic(config, plan, rank, policies);
-  t.halo = double(h.intra_node) / d.peer_bw + double(h.inter_node) / d.network_bw;
-  const int world = plan.world();
-  if (world > 1) {
-    const double grads = double(m.param_count(true)) * sizeof(float);
-    const bool multi_node = node_of(config, world - 1) > 0;
-    t.allreduce = 2.0 * (world - 1) / world * grads / (multi_node ? d.network_bw : d.peer_bw);
-  }
-  return t;
-}
 
-// How much better `b` is than `a` to reach the budget: peak bytes freed per extra second.
+  // The busiest shard sets the pace: every step ends in collectives.
+  StepTime predict(const LayerPolicies& policies) const {
+    StepTime worst;
+    for (size_t r = 0; r < shards_.size(); ++r) {
+      const Shard& s = shards_[r];
+      StepTime t;
+      t.overlapped = overlap_;
+      t.halo = s.halo;
+      t.allreduce = s.allreduce;
+      for (size_t l = 0; l < policies.size(); ++l) {
+        t.compute += 3 * s.forward[l];  // backward = 2 x forward
+        if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
+        if (policies[l] == ActivationPolicy::Recompute) t.recompute += s.forward[l];
+        if (policies[l] == ActivationPolicy::Offload) t.offload += s.offload[l];
+      }
+      if (r == 0 || t.total() > worst.total()) worst = t;
+    }
+    return worst;
+  }
+
+ private:
+  struct Shard {
+    std::vector<double> forward, offload, regather;
+    double halo = 0, allreduce = 0;
+  };
+  bool overlap_;
+  std::vector<Shard> shards_;
+};
+
 struct Candidate {
   LayerPolicies policies;
   uint64_t peak = 0;
+  int worst = 0;  // the shard at that peak
   double seconds = 0;
 };
 
-Candidate evaluate(const Config& config, const ShardPlan& plan, LayerPolicies policies,
-                   const DeviceCostModel& d) {
+Candidate evaluate(const StepMemory& memory, const StepTimeModel& time, LayerPolicies policies) {
   Candidate c;
-  c.peak = estimate_memory_max(config, plan, policies).total;
-  c.seconds = predict_step_time(config, plan, policies, d).total();
+  const MemoryEstimate e = memory.estimate_max(policies);
+  c.peak = e.total;
+  c.worst = e.rank;
+  c.seconds = time.predict(policies).total();
   c.policies = std::move(policies);
   return c;
 }
@@ -103,22 +143,26 @@ Candidate evaluate(const Config& config, const ShardPlan& plan, LayerPolicies po
 
 StepTime predict_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,
                            const DeviceCostModel& device) {
-  // The busiest rank sets the pace: every step ends in collectives.
-  StepTime worst;
-  for (int r = 0; r < plan.shards(); ++r) {
-    const StepTime t = rank_step_time(config, plan, policies, device, r);
-    if (r == 0 || t.total() > worst.total()) worst = t;
-  }
-  return worst;
+  return StepTimeModel(config, plan, device).predict(policies);
 }
 
 LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   const ModelSpec& m = plan.model;
   if (config.parallel.activations != ActivationPolicy::Auto)
     return uniform_policies(m, config.parallel.activations);
-  const DeviceCostModel d = cost_model_for(config);
+  const StepMemory memory(config, plan);
+  const StepTimeModel time(config, plan, cost_model_for(config));
   const uint64_t budget = config.parallel.device_memory;
-  Candidate best = evaluate(config, plan, uniform_policies(m, ActivationPolicy::Keep), d);
+  Candidate best = evaluate(memory, time, uniform_policies(m, ActivationPolicy::Keep));
+  if (best.peak <= budget) return best.policies;
+  if (memory.lower_bound() > budget) {
+    // Nothing can fit: the plan reports the closest of the plain choices.
+    for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
+      Candidate c = evaluate(memory, time, uniform_policies(m, p));
+      if (c.peak < best.peak) best = std::move(c);
+    }
+    return best.policies;
+  }
   // Greedy: each round changes the one layer whose change frees the most bytes of the
   // peak per extra second; stops when it fits or nothing frees more.
   while (best.peak > budget) {
@@ -129,7 +173,9 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
       for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
         LayerPolicies trial = best.policies;
         trial[l] = p;
-        Candidate c = evaluate(config, plan, std::move(trial), d);
+        // A change that does not lower the busiest shard cannot lower the maximum.
+        if (memory.estimate(best.worst, trial).total >= best.peak) continue;
+        Candidate c = evaluate(memory, time, std::move(trial));
         if (c.peak >= best.peak) continue;
         const double score = double(best.peak - c.peak) / std::max(c.seconds - best.seconds, 1e-9);
         if (!next || score > next_score) {
@@ -145,7 +191,7 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   // A single change may not lower the peak (two equal tensors at it): try all of one kind.
   // Of what fits, the fastest; when nothing fits, the smallest peak.
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
-    Candidate c = evaluate(config, plan, uniform_policies(m, p), d);
+    Candidate c = evaluate(memory, time, uniform_policies(m, p));
     const bool fits = c.peak <= budget, best_fits = best.peak <= budget;
     if ((fits && (!best_fits || c.seconds < best.seconds)) || (!fits && !best_fits && c.peak < best.peak))
       best = std::move(c);

@@ -47,19 +47,23 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   if (res.fixed > config.parallel.device_memory) return res;  // replicated state alone is too big
   groups = std::max(groups, 1);
   const int max_r = max_grid_rows(model), max_c = max_grid_cols(model);
-  // A lower bound on the busiest rank of any S-shard grid: the mean over ranks. Owned
-  // tiles partition the image and the halo-extended inputs cover the whole one, so the
-  // sharded input, activations and transient sum to at least the unsharded ones.
-  // Only under keep: offload and recompute shrink the activations by other rules.
+  // A lower bound on the busiest rank of any S-shard grid, under any policy: when layer
+  // l >= 1 makes its input gradient, its input and output are on the device (restored
+  // for its backward), with the output gradient and the new input gradient, beside the
+  // image tile and targets. Owned tiles partition the image, so some rank holds at least
+  // 1/S of the whole image's sizes.
+  const ModelSpec& m = model;
+  const int b = std::max(1, (config.training.batch_size + groups - 1) / groups);
+  const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * uint64_t(b) * kFloat; };
   uint64_t scaled = 0;
-  if (config.parallel.activations == ActivationPolicy::Keep) {
-    const ShardPlan whole_plan = make_shard_plan(model, {1, 1}, groups);
-    const MemoryEstimate whole =
-        estimate_memory(config, whole_plan, 0, uniform_policies(model, ActivationPolicy::Keep));
-    scaled = whole.input + whole.activations + whole.transient;
-  }
+  for (int l = 1; l < m.spatial_layers; ++l)
+    scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
+  const bool cudnn = config.parallel.backend == Backend::CUDA &&
+                     std::any_of(m.layers.begin(), m.layers.end(),
+                                 [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; });
+  const uint64_t workspace = cudnn ? kConvWorkspaceLimit : 0;
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
-    if (res.fixed + scaled / uint64_t(s) > config.parallel.device_memory) continue;
+    if (res.fixed + workspace + scaled / uint64_t(s) > config.parallel.device_memory) continue;
     std::optional<GridShape> best;
     uint64_t best_halo = 0;
     // Rows descending: on equal halo bytes the first (more rows) wins.
@@ -73,14 +77,16 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
       } catch (const ConfigError&) {
         continue;
       }
-      const uint64_t total = estimate_memory_max(config, plan).total;
+      const LayerPolicies policies = activation_policies(config, plan);
+      const uint64_t total = estimate_memory_max(config, plan, policies).total;
       if (!res.planned_any || total < res.min_total) {
         res.min_total = total;
         res.min_grid = {r, c};
       }
       res.planned_any = true;
       if (total > config.parallel.device_memory) continue;
-      const uint64_t halo = halo_traffic_total(config, plan).total();
+      uint64_t halo = 0;
+      for (int rank = 0; rank < plan.world(); ++rank) halo += halo_traffic(config, plan, rank, policies).total();
       if (!best || halo < best_halo) {
         best = GridShape{r, c};
         best_halo = halo;
@@ -127,16 +133,61 @@ bool policy_applies(const ModelSpec& model, int layer) {
 
 namespace {
 
+uint64_t round_like_device_scratch(uint64_t bytes) {
+  const uint64_t unit = bytes < (uint64_t(1) << 20) ? 4096 : uint64_t(1) << 20;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+}  // namespace
+
+StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan& plan, int rank) {
+  const ModelSpec& m = plan.model;
+  const int b = local_batch(config, plan), L = int(m.layers.size());
+  RankSizes r;
+  r.input = bytes_of(plan.owned_image(rank), m.input.c, b);
+  r.targets = m.spatial_layers == L ? bytes_of(plan.owned_output(L - 1, rank), 1, b)
+                                    : uint64_t(b) * m.output().c * kFloat;
+  const int iy = plan.grid_row_of(rank), ix = plan.grid_col_of(rank);
+  for (int l = 0; l < L; ++l) {
+    const LayerSpec& spec = m.layers[l];
+    LayerSizes z;
+    const Rect one{{0, 1}, {0, 1}};
+    z.out = bytes_of(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
+    const Rect owned = spec.spatial ? plan.owned_input(l, rank) : one;
+    z.owned_in = bytes_of(owned, spec.in.c, b);
+    if (spec.windowed()) {
+      const Rect need = plan.needed_input(l, rank);
+      z.ext = bytes_of(need, spec.in.c, b);
+      z.in_place = need == owned;
+      for (HaloPhase ph : kPhases) {
+        for (const HaloRegion& h : plan.sends(l, rank, ph)) z.stage[int(ph)] += bytes_of(h.rect, spec.in.c, b);
+        for (const HaloRegion& h : plan.receives(l, rank, ph)) z.stage[int(ph)] += bytes_of(h.rect, spec.in.c, b);
+      }
+      const LayerPlan& lp = plan.layers[l];
+      const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
+      const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
+      if (spec.config.type == LayerType::Conv2D && (extra_h || extra_w))
+        z.padded = round_like_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
+                                             uint64_t(need.cols.size() + extra_w) * kFloat);
+    }
+    r.layers.push_back(z);
+  }
+  return r;
+}
+
+namespace {
+
 // One step of one rank, replayed allocation by allocation. The order of every alloc and
-// free below is the worker's; a change there must be mirrored here (memory tests compare
+// free below is the worker's (worker/trainer.cpp, worker/layers.cpp,
+// worker/halo_exchange.cpp); a change there must be mirrored here (memory tests compare
 // the two on real runs).
 class StepReplay {
  public:
   enum Kind { kParams, kGrads, kOptimizer, kInput, kActivations, kTransient, kWorkspace, kHalo, kKinds };
 
-  StepReplay(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies)
-      : config_(config), plan_(plan), m_(plan.model), rank_(rank), policy_(policies),
-        b_(local_batch(config, plan)) {}
+  StepReplay(const Config& config, const ModelSpec& m, const StepMemory::RankSizes& sizes,
+             const LayerPolicies& policies)
+      : config_(config), m_(m), z_(sizes), policy_(policies) {}
 
   MemoryEstimate run() {
     uint64_t p, g, o;
@@ -146,8 +197,6 @@ class StepReplay {
     alloc(kOptimizer, o);
     step();
     MemoryEstimate e;
-    e.rank = rank_;
-    e.local_batch = b_;
     e.params = at_peak_[kParams];
     e.grads = at_peak_[kGrads];
     e.optimizer = at_peak_[kOptimizer];
@@ -179,43 +228,31 @@ class StepReplay {
   }
 
   int layers() const { return int(m_.layers.size()); }
-  const LayerSpec& spec(int l) const { return m_.layers[l]; }
-  bool windowed(int l) const { return spec(l).windowed(); }
-  bool in_place(int l) const { return plan_.needed_input(l, rank_) == plan_.owned_input(l, rank_); }
+  LayerType type(int l) const { return m_.layers[l].config.type; }
+  bool windowed(int l) const { return m_.layers[l].windowed(); }
+  const StepMemory::LayerSizes& at(int l) const { return z_.layers[l]; }
   // Whether layer l keeps its extended input from forward to backward (worker/layers.cpp).
   bool keeps_ext(int l) const {
-    return windowed(l) && !in_place(l) && policy_[l] == ActivationPolicy::Keep &&
-           spec(l).config.type != LayerType::AvgPool2D;
+    return windowed(l) && !at(l).in_place && policy_[l] == ActivationPolicy::Keep &&
+           type(l) != LayerType::AvgPool2D;
   }
   // A windowed layer that does not keep gathers its input again for backward, on every rank
   // alike (the neighbours' halos come from the same exchange): convolution for its weight
   // gradient, max pooling for its input gradient. Average pooling reads no input.
   bool regathers(int l, bool need_dx) const {
-    const LayerType t = spec(l).config.type;
     return windowed(l) && policy_[l] != ActivationPolicy::Keep &&
-           (t == LayerType::Conv2D || (t == LayerType::MaxPool2D && need_dx));
+           (type(l) == LayerType::Conv2D || (type(l) == LayerType::MaxPool2D && need_dx));
   }
-
-  uint64_t act_bytes(int i) const {
-    if (i == 0) return bytes_of(plan_.owned_image(rank_), m_.input.c, b_);
-    const int l = i - 1;
-    const Rect r = spec(l).spatial ? plan_.owned_output(l, rank_) : Rect{{0, 1}, {0, 1}};
-    return bytes_of(r, spec(l).out.c, b_);
-  }
-  uint64_t ext_bytes(int l) const { return bytes_of(plan_.needed_input(l, rank_), spec(l).in.c, b_); }
-  uint64_t owned_in_bytes(int l) const { return bytes_of(plan_.owned_input(l, rank_), spec(l).in.c, b_); }
+  uint64_t act_bytes(int i) const { return i == 0 ? z_.input : at(i - 1).out; }
 
   // One phase of an exchange: a send and a receive buffer at once, freed at its end.
   void phase(int l, HaloPhase ph) {
-    uint64_t send = 0, recv = 0;
-    for (const HaloRegion& r : plan_.sends(l, rank_, ph)) send += bytes_of(r.rect, spec(l).in.c, b_);
-    for (const HaloRegion& r : plan_.receives(l, rank_, ph)) recv += bytes_of(r.rect, spec(l).in.c, b_);
-    alloc(kHalo, send + recv);
-    release(kHalo, send + recv);
+    alloc(kHalo, at(l).stage[int(ph)]);
+    release(kHalo, at(l).stage[int(ph)]);
   }
   // HaloExchange::gather / gather_in_place; returns the bytes of the extended copy.
   uint64_t gather(int l, Kind k) {
-    const uint64_t ext = in_place(l) ? 0 : ext_bytes(l);
+    const uint64_t ext = at(l).in_place ? 0 : at(l).ext;
     alloc(k, ext);
     phase(l, HaloPhase::Rows);
     phase(l, HaloPhase::Cols);
@@ -225,23 +262,13 @@ class StepReplay {
   // The CUDA backend's conv scratch (kernels/cuda/cudnn_conv.cpp), shared by all convs:
   // the cuDNN workspace (counted at its limit from the first conv on), and the zeroed
   // copy of the input that turns asymmetric padding into cuDNN's symmetric one, which
-  // grows to the largest such input, rounded up as DeviceScratch does.
+  // grows to the largest such input.
   void cudnn_scratch(int l) {
     if (!cuda_workspace_) alloc(kWorkspace, kConvWorkspaceLimit);
     cuda_workspace_ = true;
-    const LayerPlan& lp = plan_.layers[l];
-    const int iy = plan_.grid_row_of(rank_), ix = plan_.grid_col_of(rank_);
-    const Rect in = plan_.needed_input(l, rank_);
-    const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
-    const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
-    if (extra_h == 0 && extra_w == 0) return;
-    const uint64_t bytes = uint64_t(b_) * spec(l).in.c * uint64_t(in.rows.size() + extra_h) *
-                           uint64_t(in.cols.size() + extra_w) * kFloat;
-    const uint64_t unit = bytes < (uint64_t(1) << 20) ? 4096 : uint64_t(1) << 20;
-    const uint64_t rounded = (bytes + unit - 1) / unit * unit;
-    if (rounded <= padded_) return;
+    if (at(l).padded <= padded_) return;
     release(kWorkspace, padded_);
-    padded_ = rounded;
+    padded_ = at(l).padded;
     alloc(kWorkspace, padded_);
   }
 
@@ -250,7 +277,7 @@ class StepReplay {
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
     alloc(kActivations, act_bytes(l + 1));
-    if (spec(l).config.type == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
+    if (type(l) == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     // A recomputed layer is not keep (the recompute policy), so drops its extended input.
     if (w && (recompute || !keeps_ext(l))) release(kActivations, ext);
     where_[l + 1] = Where::Device;
@@ -278,10 +305,9 @@ class StepReplay {
   void backward(int l) {
     const bool need_dx = l > 0;
     const uint64_t dy = act_bytes(l + 1);
-    const LayerType t = spec(l).config.type;
-    uint64_t dx = 0;
+    const LayerType t = type(l);
     if (windowed(l)) {
-      uint64_t ext = keeps_ext(l) ? ext_bytes(l) : 0;
+      uint64_t ext = keeps_ext(l) ? at(l).ext : 0;
       Kind ext_kind = kActivations;
       if (regathers(l, need_dx)) {
         ext = gather(l, kTransient);
@@ -289,21 +315,19 @@ class StepReplay {
       }
       if (t == LayerType::Conv2D) release(ext_kind, ext);  // backward_data needs only dy
       if (need_dx) {
-        alloc(kTransient, ext_bytes(l));  // gradient of the extended input
+        alloc(kTransient, at(l).ext);  // gradient of the extended input
         if (t != LayerType::Conv2D) release(ext_kind, ext);
         phase(l, HaloPhase::Cols);
         phase(l, HaloPhase::Rows);
-        if (!in_place(l)) {
-          alloc(kTransient, owned_in_bytes(l));
-          release(kTransient, ext_bytes(l));
+        if (!at(l).in_place) {
+          alloc(kTransient, at(l).owned_in);
+          release(kTransient, at(l).ext);
         }
-        dx = owned_in_bytes(l);
       } else if (t != LayerType::Conv2D) {
         release(ext_kind, ext);
       }
     } else if (need_dx) {
-      dx = owned_in_bytes(l);
-      alloc(kTransient, dx);
+      alloc(kTransient, at(l).owned_in);
     }
     release(kActivations, act_bytes(l + 1));  // the output (acts[l + 1])
     where_[l + 1] = Where::Freed;
@@ -312,12 +336,9 @@ class StepReplay {
 
   void step() {
     const int L = layers();
-    const bool spatial_out = m_.spatial_layers == L;
-    const uint64_t targets =
-        spatial_out ? bytes_of(plan_.owned_output(L - 1, rank_), 1, b_) : uint64_t(b_) * m_.output().c * kFloat;
     where_.assign(L + 1, Where::Freed);
-    alloc(kInput, act_bytes(0));
-    alloc(kInput, targets);
+    alloc(kInput, z_.input);
+    alloc(kInput, z_.targets);
     where_[0] = Where::Device;
     int leaving = -1;  // offloaded, its device copy freed after the next layer's forward
     auto finish_offload = [&] {
@@ -349,11 +370,9 @@ class StepReplay {
   }
 
   const Config& config_;
-  const ShardPlan& plan_;
   const ModelSpec& m_;
-  int rank_;
+  const StepMemory::RankSizes& z_;
   const LayerPolicies& policy_;
-  int b_;
   std::vector<Where> where_;
   bool cuda_workspace_ = false;
   uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
@@ -363,19 +382,61 @@ class StepReplay {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
-                               const LayerPolicies& policies) {
-  return StepReplay(config, plan, rank, policies).run();
+StepMemory::StepMemory(const Config& config, const ShardPlan& plan)
+    : config_(config), plan_(plan), local_batch_(local_batch(config, plan)) {
+  // Sample groups are copies of group 0: its shards cover every distinct tile.
+  for (int r = 0; r < plan.shards(); ++r) ranks_.push_back(sizes_of(config, plan, r));
 }
 
-MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
-  // Sample groups are copies of group 0: its shards cover every distinct tile.
-  MemoryEstimate best = estimate_memory(config, plan, 0, policies);
-  for (int r = 1; r < plan.shards(); ++r) {
-    MemoryEstimate e = estimate_memory(config, plan, r, policies);
+StepMemory::~StepMemory() = default;
+
+MemoryEstimate StepMemory::replay(const RankSizes& sizes, int rank, const LayerPolicies& policies) const {
+  MemoryEstimate e = StepReplay(config_, plan_.model, sizes, policies).run();
+  e.rank = rank;
+  e.local_batch = local_batch_;
+  return e;
+}
+
+MemoryEstimate StepMemory::estimate(int shard, const LayerPolicies& policies) const {
+  return replay(ranks_.at(shard), shard, policies);
+}
+
+uint64_t StepMemory::lower_bound() const {
+  uint64_t p, g, o;
+  const ModelSpec& m = plan_.model;
+  uint64_t fixed = fixed_bytes(config_, m, &p, &g, &o);
+  if (config_.parallel.backend == Backend::CUDA &&
+      std::any_of(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; }))
+    fixed += kConvWorkspaceLimit;
+  uint64_t bound = 0;
+  for (const RankSizes& r : ranks_) {
+    uint64_t step = 0;
+    for (size_t l = 1; l < r.layers.size(); ++l)
+      step = std::max(step, 2 * (r.layers[l].owned_in + r.layers[l].out));
+    bound = std::max(bound, fixed + r.input + r.targets + step);
+  }
+  return bound;
+}
+
+MemoryEstimate StepMemory::estimate_max(const LayerPolicies& policies) const {
+  MemoryEstimate best = estimate(0, policies);
+  for (int r = 1; r < int(ranks_.size()); ++r) {
+    MemoryEstimate e = estimate(r, policies);
     if (e.total > best.total) best = e;
   }
   return best;
+}
+
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
+                               const LayerPolicies& policies) {
+  MemoryEstimate e = StepReplay(config, plan.model, StepMemory::sizes_of(config, plan, rank), policies).run();
+  e.rank = rank;
+  e.local_batch = local_batch(config, plan);
+  return e;
+}
+
+MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
+  return StepMemory(config, plan).estimate_max(policies);
 }
 
 MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank) {
@@ -413,8 +474,9 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) 
 
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {
   HaloTraffic sum;
+  const LayerPolicies policies = activation_policies(config, plan);
   for (int r = 0; r < plan.world(); ++r) {
-    const HaloTraffic t = halo_traffic(config, plan, r);
+    const HaloTraffic t = halo_traffic(config, plan, r, policies);
     sum.intra_node += t.intra_node;
     sum.inter_node += t.inter_node;
   }

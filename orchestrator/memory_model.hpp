@@ -70,6 +70,44 @@ MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int 
                                const LayerPolicies& policies);
 // The estimate of the rank with the largest total (the one that decides whether it fits).
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
+// The same for one plan under many policies: the plan's sizes are computed once, so each
+// estimate is a replay of arithmetic (the planner's policy search).
+class StepMemory {
+ public:
+  StepMemory(const Config& config, const ShardPlan& plan);
+  ~StepMemory();
+  int shards() const { return int(ranks_.size()); }
+  MemoryEstimate estimate(int shard, const LayerPolicies& policies) const;  // shard of group 0
+  MemoryEstimate estimate_max(const LayerPolicies& policies) const;         // the busiest shard
+  // No policy brings the busiest shard below this: when layer l >= 1 makes its input
+  // gradient, its input and output are on the device with both gradients, beside the
+  // weights, the image tile and the targets (and the cuDNN workspace on CUDA).
+  uint64_t lower_bound() const;
+
+  // What a replay needs of one rank's plan: every size in bytes (halo regions and
+  // rectangles are not free to compute).
+  struct LayerSizes {
+    uint64_t out = 0;        // the owned output (the next layer's input)
+    uint64_t ext = 0;        // the needed input rectangle, halo included
+    uint64_t owned_in = 0;   // the owned input
+    uint64_t stage[2] = {};  // send + receive staging of the rows and the cols phase
+    bool in_place = false;   // needed == owned: no extended copy
+    uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
+  };
+  struct RankSizes {
+    uint64_t input = 0, targets = 0;
+    std::vector<LayerSizes> layers;
+  };
+  static RankSizes sizes_of(const Config& config, const ShardPlan& plan, int rank);
+
+ private:
+  MemoryEstimate replay(const RankSizes& sizes, int rank, const LayerPolicies& policies) const;
+  const Config& config_;
+  const ShardPlan& plan_;
+  int local_batch_;
+  std::vector<RankSizes> ranks_;
+};
+
 // The same under the policies the plan chooses (activation_policies(), activation_plan.hpp).
 MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank);
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);

@@ -96,7 +96,7 @@ std::string fit_verdict(const Config& config, const ModelSpec& model, const Shar
       format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
       format_size(budget),
       config.parallel.activations == ActivationPolicy::Auto
-          ? " (with the best of keep, offload and recompute per layer)"
+          ? " (parallel.activations: auto found no mix of keep, offload and recompute that fits)"
           : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));
   if (const auto g = smallest_fitting_grid(config, model, plan.groups))
     return msg + fmt::format("smallest grid that fits: [{}, {}] (set parallel.grid: [{}, {}] or auto)",

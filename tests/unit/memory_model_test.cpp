@@ -338,3 +338,33 @@ TEST(PlanReport, TextAndJsonCarryTheSameContent) {
 
 }  // namespace
 }  // namespace ht
+
+namespace ht {
+namespace {
+
+// The search skips what cannot fit by a bound no policy gets under: it must hold for every
+// policy, every grid and both backends.
+TEST(MemoryModel, LowerBoundHoldsForEveryPolicy) {
+  Config c = classifier();
+  c.model.layers.insert(c.model.layers.begin(), {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU)});
+  const ModelSpec m = build_model_spec(c);
+  int checked = 0;
+  for (Backend backend : {Backend::CPU, Backend::CUDA}) {
+    c.parallel.backend = backend;
+    for (GridShape g : {GridShape{1, 1}, GridShape{2, 1}, GridShape{2, 2}, GridShape{4, 1}}) {
+      const ShardPlan p = make_shard_plan(m, g);
+      const StepMemory memory(c, p);
+      for (ActivationPolicy a : {ActivationPolicy::Keep, ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
+        EXPECT_LE(memory.lower_bound(), memory.estimate_max(uniform_policies(m, a)).total)
+            << to_string(a) << " on " << g.rows << "x" << g.cols;
+        EXPECT_EQ(memory.estimate_max(uniform_policies(m, a)).total,
+                  estimate_memory_max(c, p, uniform_policies(m, a)).total);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 24);
+}
+
+}  // namespace
+}  // namespace ht
