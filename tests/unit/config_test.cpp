@@ -1,5 +1,5 @@
-// Config parsing: every class of user error names file/line (or --set), key path, expected
-// and found; the SPEC example and defaults parse to the documented values; to_yaml round-trips.
+// Config parsing: the SPEC example and defaults parse to the documented values, --set
+// overrides apply before validation, to_yaml round-trips. Errors: config_errors_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,8 +9,12 @@
 
 #include "orchestrator/config.hpp"
 
+#include "common/config_support.hpp"
+
 namespace ht {
 namespace {
+
+using namespace ht::testing;
 
 // SPEC section 3, verbatim.
 const char* kSpecExample = R"(name: demo                     # run name; outputs go to run_dir
@@ -62,46 +66,6 @@ slurm:
   extra: []                    # more `#SBATCH` lines, verbatim
 )";
 
-// The smallest valid config; tests append sections to it.
-const char* kMinimal = R"(data:
-  train: d.h5
-model:
-  input: [32, 24, 1]
-  layers:
-    - {type: conv2d, filters: 4}
-    - {type: relu}
-    - {type: max_pool2d}
-training:
-  steps: 3
-)";
-
-// 1-based line of the first line containing `needle`.
-int line_of(const std::string& text, const std::string& needle) {
-  std::istringstream in(text);
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n)
-    if (line.find(needle) != std::string::npos) return n;
-  ADD_FAILURE() << "no line contains " << needle;
-  return -1;
-}
-
-std::string at(const std::string& text, const std::string& needle) {
-  return "cfg.yaml:" + std::to_string(line_of(text, needle)) + ": ";
-}
-
-// The message of the ConfigError that parsing throws; fails the test when none is thrown.
-std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  try {
-    parse_config(yaml, "cfg.yaml", overrides);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "message: " << (haystack)
 
 TEST(Config, SpecExampleParses) {
   const Config c = parse_config(kSpecExample, "spec.yaml");
@@ -236,172 +200,6 @@ model: {input: [8, 8, 1], layers: [{type: relu}]}
   e = error_of(base + "training:\n  steps: 5\n  optimizer: {type: adam, momentum: 0.9}\n");
   EXPECT_CONTAINS(e, "cfg.yaml:5: key 'training.optimizer.momentum' is not allowed with type adam");
   EXPECT_CONTAINS(e, "allowed keys: type, lr, beta1, beta2, epsilon");
-}
-
-TEST(ConfigErrors, UnknownKeySuggestsNearest) {
-  const std::string yaml = std::string(kMinimal) + "  optimzer: {type: adam}\n";
-  EXPECT_EQ(error_of(yaml), at(yaml, "optimzer") +
-                                "unknown key 'training.optimzer'; did you mean 'training.optimizer'?");
-  const std::string top = std::string(kMinimal) + "paralel: {backend: cpu}\n";
-  EXPECT_EQ(error_of(top), at(top, "paralel") + "unknown key 'paralel'; did you mean 'parallel'?");
-  const std::string in_layer =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv2d, filtres: 2}\n"
-      "training: {steps: 1}\n";
-  EXPECT_EQ(error_of(in_layer),
-            "cfg.yaml:5: unknown key 'model.layers[0].filtres'; did you mean 'model.layers[0].filters'?");
-}
-
-TEST(ConfigErrors, FarOffKeyListsValidKeys) {
-  const std::string yaml = std::string(kMinimal) + "checkpoint: {xyz: 1}\n";
-  EXPECT_EQ(error_of(yaml), "cfg.yaml:11: unknown key 'checkpoint.xyz'; did you mean 'checkpoint.keep'? (valid "
-                            "keys here: every_steps, keep, resume)");
-  // A prefix of a value is near enough to suggest it.
-  EXPECT_CONTAINS(error_of(kMinimal, {"model.loss=softmax"}),
-                  "found 'softmax'; did you mean 'softmax_cross_entropy'?");
-}
-
-TEST(ConfigErrors, WrongType) {
-  const std::string yaml =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu}\n"
-      "    - {type: conv2d, filters: 2}\n    - {type: conv2d, filters: abc}\ntraining: {steps: 1}\n";
-  EXPECT_EQ(error_of(yaml), "cfg.yaml:7: model.layers[2].filters: expected an integer >= 1, found 'abc'");
-  std::string e = error_of(std::string(kMinimal) + "  batch_size: [2]\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:11: training.batch_size: expected an integer >= 1, found a list");
-  e = error_of(std::string(kMinimal) + "  init_by_name: maybe\n");
-  EXPECT_CONTAINS(e, "training.init_by_name: expected true or false, found 'maybe'");
-  e = error_of(std::string(kMinimal) + "parallel: {backend: gpu}\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:11: parallel.backend: expected one of cpu | cuda, found 'gpu'");
-  e = error_of(std::string(kMinimal) + "parallel: {grid: 2x1}\n");
-  EXPECT_CONTAINS(e, "parallel.grid: expected [rows, cols] (integers >= 1) or auto, found '2x1'");
-  e = error_of("data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: relu, name: a/b}]}\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:2: model.layers[0].name: expected a layer name without '/', found 'a/b'");
-  e = error_of(std::string(kMinimal) + "model2: 1\n");
-  EXPECT_CONTAINS(e, "unknown key 'model2'; did you mean 'model'?");
-  e = error_of(std::string(kMinimal) + "  optimizer: {lr: fast}\n");
-  EXPECT_CONTAINS(e, "training.optimizer.lr: expected a number > 0, found 'fast'");
-  e = error_of("data: {train: d.h5}\nmodel: {input: [8, 8], layers: [{type: relu}]}\ntraining: {steps: 1}\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:2: model.input: expected a list [height, width, channels] of integers >= 1, found a list of 2");
-}
-
-TEST(ConfigErrors, OutOfRange) {
-  std::string e = error_of(
-      "data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: conv2d, filters: 0}]}\ntraining: {steps: 1}\n");
-  EXPECT_EQ(e, "cfg.yaml:2: model.layers[0].filters: expected an integer >= 1, found '0'");
-  e = error_of(
-      "data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: batch_norm, momentum: 1.5}]}\n"
-      "training: {steps: 1}\n");
-  EXPECT_CONTAINS(e, "model.layers[0].momentum: expected a number in [0, 1), found '1.5'");
-  e = error_of(std::string(kMinimal) + "parallel: {grid: [0, 2]}\n");
-  EXPECT_CONTAINS(e, "parallel.grid[0]: expected an integer >= 1, found '0'");
-  e = error_of(std::string(kMinimal) + "  batch_size: 99999999999\n");
-  EXPECT_CONTAINS(e, "training.batch_size: expected an integer >= 1, found '99999999999'");
-  e = error_of(std::string(kMinimal) + "slurm: {signal_before: 70000}\n");
-  EXPECT_CONTAINS(e, "slurm.signal_before: expected an integer in [0, 65535], found '70000'");
-  e = error_of(std::string(kMinimal) + "slurm: {time: '01:00', signal_before: 120}\n");
-  EXPECT_CONTAINS(e, "slurm.signal_before: 120 s must be shorter than slurm.time '01:00' (60 s)");
-  e = error_of(
-      "data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: conv2d, filters: 1, padding: -1}]}\n"
-      "training: {steps: 1}\n");
-  EXPECT_CONTAINS(e, "model.layers[0].padding: expected an integer >= 0, found '-1'");
-}
-
-TEST(ConfigErrors, MissingRequiredNamesParentLine) {
-  const std::string yaml =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu}\n"
-      "    - type: conv2d\n      kernel: 3\ntraining: {steps: 1}\n";
-  EXPECT_EQ(error_of(yaml), "cfg.yaml:6: missing required key 'model.layers[1].filters': expected an integer >= 1");
-  std::string e = error_of("model: {input: [8, 8, 1], layers: [{type: relu}]}\ntraining: {steps: 1}\n");
-  EXPECT_CONTAINS(e, "missing required key 'data'");
-  e = error_of("data:\n  images: x\nmodel: {input: [8, 8, 1], layers: [{type: relu}]}\ntraining: {steps: 1}\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:1: missing required key 'data.train'");
-  e = error_of("data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {name: x}\n");
-  EXPECT_CONTAINS(e, "cfg.yaml:5: missing required key 'model.layers[0].type': expected one of conv2d |");
-  e = error_of("data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers: [{type: dense}]\n");
-  EXPECT_CONTAINS(e, "missing required key 'model.layers[0].units'");
-  e = error_of("");
-  EXPECT_CONTAINS(e, "cfg.yaml: missing required key 'model'");
-}
-
-TEST(ConfigErrors, MalformedYamlGivesLineAndColumn) {
-  EXPECT_CONTAINS(error_of("name: a\nseed: 1\n  bad: 2\n"), "cfg.yaml:3:6: malformed YAML at line 3, column 6:");
-  EXPECT_CONTAINS(error_of("name: a\nmodel:\n  input: [1, 2\n  loss: mse\n"), "cfg.yaml:4:7: malformed YAML");
-  EXPECT_CONTAINS(error_of("- just\n- a list\n"), "cfg.yaml: expected a map of settings");
-  const std::string dup = std::string(kMinimal) + "  steps: 4\n";
-  EXPECT_EQ(error_of(dup), "cfg.yaml:11: duplicate key 'training.steps' (first given at cfg.yaml:10)");
-}
-
-TEST(ConfigErrors, UnknownLayerType) {
-  const std::string yaml =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv3d, filters: 2}\n";
-  EXPECT_EQ(error_of(yaml),
-            "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
-            "avg_pool2d | global_avg_pool | dense, found 'conv3d'; did you mean 'conv2d'?");
-  EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
-                  "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");
-}
-
-TEST(ConfigErrors, KeyNotAllowedForLayerType) {
-  const std::string yaml =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu, filters: 3}\n";
-  EXPECT_EQ(error_of(yaml),
-            "cfg.yaml:5: key 'model.layers[0].filters' is not allowed for a relu layer (it is a setting of "
-            "conv2d); allowed keys: type, name");
-  const std::string pool =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: max_pool2d, bias: false}\n";
-  EXPECT_CONTAINS(error_of(pool), "key 'model.layers[0].bias' is not allowed for a max_pool2d layer (it is a "
-                                  "setting of conv2d, dense); allowed keys: type, name, pool, stride, padding");
-}
-
-TEST(ConfigErrors, BadSizeUnit) {
-  const std::string yaml = std::string(kMinimal) + "parallel:\n  device_memory: 12XB\n";
-  const std::string e = error_of(yaml);
-  EXPECT_CONTAINS(e, "cfg.yaml:12: parallel.device_memory: expected a size such as 11441MiB, 2GB");
-  EXPECT_CONTAINS(e, "found '12XB' (unknown unit 'XB'");
-  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "parallel: {device_memory: 0}\n"),
-                  "parallel.device_memory: expected a size > 0, found '0'");
-}
-
-TEST(ConfigErrors, BadSlurmTimeAndSignal) {
-  for (const char* bad : {"4h", "1:2:3:4", "10:61", "1-25", "12:", "-1", "1:70:00", "2-3:60"}) {
-    const std::string yaml = std::string(kMinimal) + "slurm:\n  time: '" + bad + "'\n";
-    const std::string e = error_of(yaml);
-    EXPECT_CONTAINS(e, "cfg.yaml:12: slurm.time: expected a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, "
-                       "D-HH:MM or D-HH:MM:SS), found '" + std::string(bad) + "'");
-  }
-  for (const char* good : {"30", "30:00", "04:00:00", "2-12", "2-12:30", "2-12:30:15", "90", "UNLIMITED"}) {
-    const Config c = parse_config(std::string(kMinimal) + "slurm: {time: '" + good + "', signal_before: 10}\n", "c");
-    EXPECT_EQ(c.slurm.time, good);
-  }
-  EXPECT_EQ(parse_config(std::string(kMinimal) + "slurm: {signal: SIGUSR1}\n", "c").slurm.signal, "USR1");
-  EXPECT_EQ(parse_config(std::string(kMinimal) + "slurm: {signal: sigterm}\n", "c").slurm.signal, "TERM");
-  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "slurm: {signal: KILL}\n"),
-                  "slurm.signal: expected a signal name (USR1, USR2, TERM, INT, HUP, ALRM, with or without SIG), "
-                  "found 'KILL'");
-  const Config nullable = parse_config(
-      std::string(kMinimal) + "slurm: {account: proj1, extra: ['--gres=gpu:2', '--exclusive']}\n", "c");
-  EXPECT_EQ(nullable.slurm.account, "proj1");
-  EXPECT_EQ(nullable.slurm.extra, (std::vector<std::string>{"--gres=gpu:2", "--exclusive"}));
-}
-
-TEST(ConfigErrors, DuplicateLayerNamesNameBothLines) {
-  const std::string yaml =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv2d, filters: 2, name: stem}\n"
-      "    - {type: relu}\n    - {type: conv2d, filters: 2, name: stem}\n";
-  EXPECT_EQ(error_of(yaml),
-            "cfg.yaml:7: model.layers[2].name: duplicate layer name 'stem'; model.layers[0] at cfg.yaml:5 already "
-            "uses it");
-  const std::string clash =
-      "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv2d, filters: 2}\n"
-      "    - {type: conv2d, filters: 2, name: conv2d_1}\n";
-  EXPECT_EQ(error_of(clash),
-            "cfg.yaml:6: model.layers[1].name: 'conv2d_1' is also the default name of model.layers[0] at "
-            "cfg.yaml:5; choose another name");
-}
-
-TEST(ConfigErrors, SoftmaxWithMasksIsRejected) {
-  EXPECT_CONTAINS(error_of("data: {train: d.h5, synthesize: {masks: true}}\n"
-                           "model: {input: [8, 8, 1], layers: [{type: relu}]}\ntraining: {steps: 1}\n"),
-                  "data.synthesize.masks: model.loss softmax_cross_entropy trains on class labels");
 }
 
 TEST(ConfigOverrides, ApplyBeforeValidation) {
