@@ -41,15 +41,6 @@ double StepTime::total() const {
 
 namespace {
 
-uint64_t tile_bytes(const Rect& r, int channels, int batch) {
-  return uint64_t(r.area()) * uint64_t(channels) * uint64_t(batch) * sizeof(float);
-}
-
-bool regathers(const LayerSpec& L, int l) {
-  return L.windowed() &&
-         (L.config.type == LayerType::Conv2D || (L.config.type == LayerType::MaxPool2D && l > 0));
-}
-
 // Every shard's per-layer seconds, computed once; a prediction for given policies is then
 // a sum per shard (the policy search evaluates hundreds).
 class StepTimeModel {
@@ -87,7 +78,7 @@ class StepTimeModel {
             receives += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
         }
         s.halo += sends + receives;
-        s.regather.push_back(regathers(spec, l) ? sends : 0.0);
+        s.regather.push_back(backward_reads_window(spec, l) ? sends : 0.0);  // when not kept
       }
       shards_.push_back(std::move(s));
     }

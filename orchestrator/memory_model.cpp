@@ -14,11 +14,6 @@ namespace {
 
 constexpr uint64_t kFloat = sizeof(float);
 
-// Bytes of `rect` for `channels` planes of `batch` images.
-uint64_t bytes_of(const Rect& rect, int channels, int batch) {
-  return uint64_t(rect.area()) * uint64_t(channels) * uint64_t(batch) * kFloat;
-}
-
 uint64_t fixed_bytes(const Config& config, const ModelSpec& m, uint64_t* params, uint64_t* grads,
                      uint64_t* optimizer) {
   const uint64_t all = uint64_t(m.param_count(false)), trainable = uint64_t(m.param_count(true));
@@ -58,10 +53,7 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   uint64_t scaled = 0;
   for (int l = 1; l < m.spatial_layers; ++l)
     scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
-  const bool cudnn = config.parallel.backend == Backend::CUDA &&
-                     std::any_of(m.layers.begin(), m.layers.end(),
-                                 [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; });
-  const uint64_t workspace = cudnn ? kConvWorkspaceLimit : 0;
+  const uint64_t workspace = cudnn_workspace_bytes(config, model);
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
     if (res.fixed + workspace + scaled / uint64_t(s) > config.parallel.device_memory) continue;
     std::optional<GridShape> best;
@@ -85,8 +77,7 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
       }
       res.planned_any = true;
       if (total > config.parallel.device_memory) continue;
-      uint64_t halo = 0;
-      for (int rank = 0; rank < plan.world(); ++rank) halo += halo_traffic(config, plan, rank, policies).total();
+      const uint64_t halo = halo_traffic_total(config, plan, policies).total();
       if (!best || halo < best_halo) {
         best = GridShape{r, c};
         best_halo = halo;
@@ -101,6 +92,21 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
 }
 
 }  // namespace
+
+uint64_t tile_bytes(const Rect& rect, int channels, int batch) {
+  return uint64_t(rect.area()) * uint64_t(channels) * uint64_t(batch) * kFloat;
+}
+
+uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model) {
+  const bool conv = std::any_of(model.layers.begin(), model.layers.end(),
+                                [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; });
+  return config.parallel.backend == Backend::CUDA && conv ? kConvWorkspaceLimit : 0;
+}
+
+bool backward_reads_window(const LayerSpec& layer, int index) {
+  const LayerType t = layer.config.type;
+  return layer.windowed() && (t == LayerType::Conv2D || (t == LayerType::MaxPool2D && index > 0));
+}
 
 int local_batch(const Config& config, const ShardPlan& plan) {
   const int groups = std::max(plan.groups, 1);
@@ -144,24 +150,24 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
   const ModelSpec& m = plan.model;
   const int b = local_batch(config, plan), L = int(m.layers.size());
   RankSizes r;
-  r.input = bytes_of(plan.owned_image(rank), m.input.c, b);
-  r.targets = m.spatial_layers == L ? bytes_of(plan.owned_output(L - 1, rank), 1, b)
+  r.input = tile_bytes(plan.owned_image(rank), m.input.c, b);
+  r.targets = m.spatial_layers == L ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
                                     : uint64_t(b) * m.output().c * kFloat;
   const int iy = plan.grid_row_of(rank), ix = plan.grid_col_of(rank);
   for (int l = 0; l < L; ++l) {
     const LayerSpec& spec = m.layers[l];
     LayerSizes z;
     const Rect one{{0, 1}, {0, 1}};
-    z.out = bytes_of(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
+    z.out = tile_bytes(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
     const Rect owned = spec.spatial ? plan.owned_input(l, rank) : one;
-    z.owned_in = bytes_of(owned, spec.in.c, b);
+    z.owned_in = tile_bytes(owned, spec.in.c, b);
     if (spec.windowed()) {
       const Rect need = plan.needed_input(l, rank);
-      z.ext = bytes_of(need, spec.in.c, b);
+      z.ext = tile_bytes(need, spec.in.c, b);
       z.in_place = need == owned;
       for (HaloPhase ph : kPhases) {
-        for (const HaloRegion& h : plan.sends(l, rank, ph)) z.stage[int(ph)] += bytes_of(h.rect, spec.in.c, b);
-        for (const HaloRegion& h : plan.receives(l, rank, ph)) z.stage[int(ph)] += bytes_of(h.rect, spec.in.c, b);
+        for (const HaloRegion& h : plan.sends(l, rank, ph)) z.stage[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
+        for (const HaloRegion& h : plan.receives(l, rank, ph)) z.stage[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
       }
       const LayerPlan& lp = plan.layers[l];
       const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
@@ -236,12 +242,8 @@ class StepReplay {
     return windowed(l) && !at(l).in_place && policy_[l] == ActivationPolicy::Keep &&
            type(l) != LayerType::AvgPool2D;
   }
-  // A windowed layer that does not keep gathers its input again for backward, on every rank
-  // alike (the neighbours' halos come from the same exchange): convolution for its weight
-  // gradient, max pooling for its input gradient. Average pooling reads no input.
-  bool regathers(int l, bool need_dx) const {
-    return windowed(l) && policy_[l] != ActivationPolicy::Keep &&
-           (type(l) == LayerType::Conv2D || (type(l) == LayerType::MaxPool2D && need_dx));
+  bool regathers(int l) const {
+    return policy_[l] != ActivationPolicy::Keep && backward_reads_window(m_.layers[l], l);
   }
   uint64_t act_bytes(int i) const { return i == 0 ? z_.input : at(i - 1).out; }
 
@@ -272,14 +274,13 @@ class StepReplay {
     alloc(kWorkspace, padded_);
   }
 
-  void forward(int l, bool recompute) {
+  void forward(int l) {
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
     alloc(kActivations, act_bytes(l + 1));
     if (type(l) == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
-    // A recomputed layer is not keep (the recompute policy), so drops its extended input.
-    if (w && (recompute || !keeps_ext(l))) release(kActivations, ext);
+    if (w && !keeps_ext(l)) release(kActivations, ext);
     where_[l + 1] = Where::Device;
   }
 
@@ -298,7 +299,7 @@ class StepReplay {
       int k = l - 1;
       while (where_[k] == Where::Dropped) --k;
       restore_input(k);
-      for (int j = k; j < l; ++j) forward(j, true);
+      for (int j = k; j < l; ++j) forward(j);  // again: recomputed
     }
   }
 
@@ -309,7 +310,7 @@ class StepReplay {
     if (windowed(l)) {
       uint64_t ext = keeps_ext(l) ? at(l).ext : 0;
       Kind ext_kind = kActivations;
-      if (regathers(l, need_dx)) {
+      if (regathers(l)) {
         ext = gather(l, kTransient);
         ext_kind = kTransient;
       }
@@ -346,7 +347,7 @@ class StepReplay {
       leaving = -1;
     };
     for (int l = 0; l < L; ++l) {
-      forward(l, false);
+      forward(l);
       if (l == 0) continue;
       // Layer l was the last reader of act[l]: layer l - 1's policy decides where it waits.
       finish_offload();
@@ -404,10 +405,7 @@ MemoryEstimate StepMemory::estimate(int shard, const LayerPolicies& policies) co
 uint64_t StepMemory::lower_bound() const {
   uint64_t p, g, o;
   const ModelSpec& m = plan_.model;
-  uint64_t fixed = fixed_bytes(config_, m, &p, &g, &o);
-  if (config_.parallel.backend == Backend::CUDA &&
-      std::any_of(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; }))
-    fixed += kConvWorkspaceLimit;
+  const uint64_t fixed = fixed_bytes(config_, m, &p, &g, &o) + cudnn_workspace_bytes(config_, m);
   uint64_t bound = 0;
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
@@ -456,13 +454,12 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
   };
   for (int l = 0; l < int(plan.layers.size()); ++l) {
     const LayerSpec& L = plan.model.layers[l];
-    const bool regather = L.windowed() && policies[l] != ActivationPolicy::Keep &&
-                          (L.config.type == LayerType::Conv2D || (L.config.type == LayerType::MaxPool2D && l > 0));
+    const bool regather = policies[l] != ActivationPolicy::Keep && backward_reads_window(L, l);
     for (HaloPhase ph : kPhases) {
       // Forward: halos to the peers that need them (twice when gathered again for
       // backward). Backward: the gradient of every received region goes back to its owner.
-      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, bytes_of(r.rect, L.in.c, b) * (regather ? 2 : 1));
-      for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, bytes_of(r.rect, L.in.c, b));
+      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b) * (regather ? 2 : 1));
+      for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b));
     }
   }
   return t;
@@ -472,15 +469,18 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) 
   return halo_traffic(config, plan, rank, activation_policies(config, plan));
 }
 
-HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {
+HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
   HaloTraffic sum;
-  const LayerPolicies policies = activation_policies(config, plan);
   for (int r = 0; r < plan.world(); ++r) {
     const HaloTraffic t = halo_traffic(config, plan, r, policies);
     sum.intra_node += t.intra_node;
     sum.inter_node += t.inter_node;
   }
   return sum;
+}
+
+HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {
+  return halo_traffic_total(config, plan, activation_policies(config, plan));
 }
 
 bool plan_fits(const Config& config, const ShardPlan& plan) {

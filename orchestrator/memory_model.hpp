@@ -37,6 +37,16 @@ bool policy_applies(const ModelSpec& model, int layer);
 // The CUDA backend's cuDNN workspace: shared by every convolution of a backend, at most
 // this large (it is the largest any algorithm chosen under the limit asked for).
 constexpr uint64_t kConvWorkspaceLimit = uint64_t(256) << 20;
+// kConvWorkspaceLimit when the backend is CUDA and the model has a convolution, else 0.
+uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model);
+
+// float32 bytes of `rect` for `channels` planes of `batch` images.
+uint64_t tile_bytes(const Rect& rect, int channels, int batch);
+
+// Whether layer `index`'s backward reads its halo-extended input (convolution for its
+// weight gradient, max pooling for its input gradient; the first layer computes none). A
+// layer that does not keep it gathers it again, halo exchange included, on every rank.
+bool backward_reads_window(const LayerSpec& layer, int index);
 
 // Bytes one rank holds at the moment of its peak, by kind. The kinds add up to the total.
 struct MemoryEstimate {
@@ -117,6 +127,7 @@ MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);
 HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies);
 HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank);  // chosen policies
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan);     // summed over ranks
+HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
 
 // Every rank's predicted peak is within parallel.device_memory.
 bool plan_fits(const Config& config, const ShardPlan& plan);

@@ -195,12 +195,7 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
                    device.memory_bw / 1e9, device.host_link_bw / 1e9, device.devices_per_link));
   line("");
 
-  HaloTraffic t;
-  for (int r = 0; r < plan.world(); ++r) {
-    const HaloTraffic h = halo_traffic(config, plan, r, policies);
-    t.intra_node += h.intra_node;
-    t.inter_node += h.inter_node;
-  }
+  const HaloTraffic t = halo_traffic_total(config, plan, policies);
   line(fmt::format("halo bytes per step (forward + backward, all ranks): intra-node {}, inter-node {}",
                    format_size(t.intra_node), format_size(t.inter_node)));
   const auto worst = std::max_element(est.begin(), est.end(),
@@ -271,12 +266,7 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan) {
   }
   s += "  ],\n";
 
-  HaloTraffic t;
-  for (int r = 0; r < plan.world(); ++r) {
-    const HaloTraffic h = halo_traffic(config, plan, r, policies);
-    t.intra_node += h.intra_node;
-    t.inter_node += h.inter_node;
-  }
+  const HaloTraffic t = halo_traffic_total(config, plan, policies);
   uint64_t peak = 0;
   for (const MemoryEstimate& e : est) peak = std::max(peak, e.total);
   s += fmt::format("  \"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}},\n", t.intra_node,
