@@ -282,8 +282,9 @@ void Trainer::write_memory_report() {
   std::ofstream out(config_.run_dir + "/memory.csv", std::ios::trunc);
   out << "rank,peak_device_bytes,predicted_peak_device_bytes,host_pool_peak_bytes,predicted_host_pool_bytes\n";
   double worst = 0;
+  const StepMemory model(config_, plan_);
   for (int r = 0; r < int(device.size()); ++r) {
-    const MemoryEstimate e = estimate_memory(config_, plan_, r % plan_.shards(), policies_);
+    const MemoryEstimate e = model.estimate(plan_.shard_of(r), policies_);  // groups repeat group 0
     out << fmt::format("{},{},{},{},{}\n", r, uint64_t(device[r]), e.total, uint64_t(host[r]), e.host_offload);
     worst = std::max(worst, std::abs(device[r] - double(e.total)) / std::max(double(e.total), 1.0));
   }
