@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "orchestrator/config_yaml.hpp"
+#include "orchestrator/files.hpp"
 #include "orchestrator/model_spec.hpp"
 
 namespace ht {
@@ -419,11 +420,9 @@ Config parse_config(const std::string& yaml_text, const std::string& source_name
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw ConfigError(fmt::format("{}: config file not found", path));
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("{}: is a directory, expected a YAML config file", path));
+  const std::string problem = input_file_problem(path);
+  if (problem == "does not exist") throw ConfigError(fmt::format("{}: config file not found", path));
+  if (!problem.empty()) throw ConfigError(fmt::format("{}: {} (the config file)", path, problem));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read config file: {}", path, std::strerror(errno)));
   std::ostringstream text;

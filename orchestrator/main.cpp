@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <csignal>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,7 +11,9 @@
 #include <hdf5.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include "orchestrator/memory_model.hpp"
@@ -45,22 +48,64 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
 
 char** g_argv = nullptr;
 
+// The supervised worker and the first stop signal the supervisor received; handlers touch
+// only these.
+volatile std::sig_atomic_t g_child = 0;
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void forward_to_child(int sig) {
+  if (!g_stop_signal) g_stop_signal = sig;
+  if (g_child > 0) kill(pid_t(g_child), sig);
+}
+
 // `recycle.mode: restart` outside Slurm/MPI: this process supervises a child that trains,
-// exits 3 at each recycle point after a checkpoint, and is started again to resume.
-int relaunch_until_done() {
+// exits 3 at each recycle point after a checkpoint, and is started again to resume. The
+// child runs in its own process group, so a signal meant for the job (Ctrl-C on a terminal,
+// `kill -TERM -<pgid>`, a plain `kill <supervisor>`) reaches it once, forwarded from here;
+// it then stops cleanly (checkpoint, exit 3) and is not started again. A child whose
+// supervisor dies gets SIGTERM (PR_SET_PDEATHSIG): it never trains on as an orphan.
+int relaunch_until_done(const Config& config) {
+  const int warning = signal_number(config.slurm.signal);
+  for (int sig : {SIGTERM, SIGINT, warning}) {
+    if (sig <= 0) continue;
+    struct sigaction sa {};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = forward_to_child;
+    sa.sa_flags = SA_RESTART;
+    sigaction(sig, &sa, nullptr);
+  }
+  const pid_t supervisor = getpid();
   for (int launches = 1;; ++launches) {
+    if (g_stop_signal) return 3;  // asked to stop between two launches: the last one checkpointed
     const pid_t child = fork();
     if (child < 0) throw std::runtime_error("fork failed");
     if (child == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != supervisor) _exit(3);  // the supervisor is already gone
       setenv("HALOTRAIN_SUPERVISED", "1", 1);
+      // Blocked across exec until the worker's own handlers are in place: a stop forwarded
+      // while it starts waits for them instead of killing it before its first checkpoint.
+      const sigset_t stops = stop_signal_set(warning);
+      sigprocmask(SIG_BLOCK, &stops, nullptr);
       execv("/proc/self/exe", g_argv);
       _exit(2);
     }
+    setpgid(child, child);  // also here: whichever runs first, the group exists before a signal
+    g_child = child;
+    if (g_stop_signal) kill(child, int(g_stop_signal));  // arrived while forking
     int status = 0;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
     }
+    g_child = 0;
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 2;
     if (code != 3) return code;
+    if (g_stop_signal) {
+      log().info("recycle: the worker stopped on {} with a checkpoint; not starting it again",
+                 strsignal(int(g_stop_signal)));
+      return 3;
+    }
     log().info("recycle: worker process {} exited for restart; starting it again", launches);
   }
 }
@@ -69,7 +114,7 @@ int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
   Config config = load_config(path, sets);
   if (config.recycle.mode == RecycleMode::Restart && config.recycle.every_steps > 0 && !launched_by_mpi() &&
       !std::getenv("HALOTRAIN_SUPERVISED"))
-    return relaunch_until_done();
+    return relaunch_until_done(config);
   install_stop_handlers(config.slurm.signal);
   log().info("config {} (resolved):\n{}", path, to_yaml(config));
   const TrainSummary s = run_training(config);
@@ -125,6 +170,15 @@ int run(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
   inspect->add_option("FILE", file, ".h5 file")->required();
 
+  // A word that names no command gets a message that names it (CLI11 would only say that a
+  // subcommand is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end())
+      throw ConfigError(fmt::format("unknown command '{}'; the commands are {} (see halotrain --help)", argv[1],
+                                    fmt::join(names, ", ")));
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

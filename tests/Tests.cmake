@@ -54,3 +54,10 @@ add_test(NAME memory_policies
          COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/memory/policies_test.py $<TARGET_FILE:halotrain>
                  ${CMAKE_BINARY_DIR}/memory-policies)
 set_tests_properties(memory_policies PROPERTIES LABELS memory TIMEOUT 600)
+
+# Hostile input, signals and kills (tests/cli/robustness_test.py): exit codes of SPEC
+# section 2, one clear message, no checkpoint lost. Every run inside has its own timeout.
+add_test(NAME cli_robustness
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/robustness_test.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/robustness-test)
+set_tests_properties(cli_robustness PROPERTIES LABELS checkpoint TIMEOUT 600)

@@ -7,6 +7,8 @@
 #include <map>
 #include <sstream>
 
+#include "orchestrator/files.hpp"
+#include "worker/checkpoint_dir.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 
@@ -34,34 +36,41 @@ std::string short_name(const std::string& stored) { return stored.substr(stored.
 
 std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("({})", fmt::join(s, ", ")); }
 
-// ckpt-<step>.h5 files of run_dir/checkpoints, newest first.
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> found;
-  if (!fs::is_directory(dir)) return found;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || e.path().extension() != ".h5") continue;
-    try {
-      found.emplace_back(std::stoll(name.substr(5)), e.path());
-    } catch (const std::exception&) {
-    }
-  }
-  std::sort(found.rbegin(), found.rend());
-  return found;
+// Reads one tensor through `read` and refuses it when it holds NaN or Inf: a weight that
+// is not finite never enters training, whatever file it came from.
+template <class Read>
+auto finite_reader(const std::string& what, Read read) {
+  return [what, read](const std::vector<int64_t>& start, const std::vector<int64_t>& count, float* dst) {
+    read(start, count, dst);
+    int64_t n = 1;
+    for (int64_t c : count) n *= c;
+    const size_t bad = first_non_finite(dst, size_t(n));
+    if (bad < size_t(n))
+      throw ConfigError(fmt::format("{} holds {} (at element {} of the block read from offset ({})); every "
+                                    "weight must be finite",
+                                    what, non_finite_name(dst[bad]), bad, fmt::join(start, ", ")));
+  };
 }
 
-// Keeps the newest `keep` ckpt-<step>.h5 files of `dir`.
-void prune(const fs::path& dir, int keep) {
-  const auto found = list_checkpoints(dir);
-  for (size_t i = size_t(std::max(keep, 1)); i < found.size(); ++i) fs::remove(found[i].second);
-}
+}  // namespace
 
+namespace {
+void refuse_non_finite(const std::string& what, const float* data, const std::vector<int64_t>& shape, int64_t step,
+                       const std::string& dir) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const size_t bad = first_non_finite(data, size_t(n));
+  if (bad == size_t(n)) return;
+  throw TrainingDiverged(fmt::format(
+      "step {}: {} holds {} (element {}) after the optimizer step; not writing a checkpoint (those already in "
+      "{} are untouched); lower training.optimizer.lr, raise training.optimizer.epsilon or check data.scale",
+      step, what, non_finite_name(data[bad]), bad, dir));
+}
 }  // namespace
 
 std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
                             OptimizerState& optimizer, ComputeBackend& backend, const TrainingProgress& progress) {
   const fs::path dir = fs::path(config.run_dir) / "checkpoints";
-  fs::create_directories(dir);
   const std::string path = (dir / fmt::format("ckpt-{}.h5", progress.step)).string();
 
   // Host copies in Keras layout; they live until the file is written.
@@ -92,6 +101,13 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
   };
   add_slot(adam ? "adam_m" : "sgd_velocity", optimizer.m);
   add_slot("adam_v", optimizer.v);
+  // Nothing that is not finite is ever checkpointed: such a file would resume into NaN.
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (size_t i = 0; i < layers[l].data.size(); ++i)
+      refuse_non_finite(fmt::format("weight {}/{}", layers[l].layer, layers[l].weight_names[i]), layers[l].data[i],
+                        layers[l].shapes[i], progress.step, dir.string());
+  for (const auto& s : state.slots)
+    refuse_non_finite(fmt::format("optimizer slot {}", s.name), s.data, s.shape, progress.step, dir.string());
   try {
     write_checkpoint(path, layers, state);
   } catch (const std::runtime_error& e) {
@@ -109,14 +125,14 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
                                   "the newest",
                                   path, reason, dir.string()));
   }
-  prune(dir, config.checkpoint.keep);
   return path;
 }
 
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params) {
   const std::string& path = config.training.init_weights;
   const std::string where = fmt::format("training.init_weights {}", path);
-  if (!fs::exists(path)) throw ConfigError(fmt::format("{}: no such file", where));
+  if (const std::string problem = input_file_problem(path); !problem.empty())
+    throw ConfigError(fmt::format("{}: {}", where, problem));
   KerasWeightsFile file(path);
 
   // Our layers with weights, in model order, and their weights in Keras order.
@@ -172,9 +188,11 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
     const std::string& their = match.second;
     const auto& stored = file.weight_names(their);
     for (size_t i = 0; i < stored.size(); ++i)
-      params.load_keras(*refs[match.first][i], [&](const auto& start, const auto& count, float* dst) {
-        file.read(their, stored[i], start, count, dst);
-      });
+      params.load_keras(*refs[match.first][i],
+                        finite_reader(fmt::format("{}: layer {} weight {}", where, their, short_name(stored[i])),
+                                      [&](const auto& start, const auto& count, float* dst) {
+                                        file.read(their, stored[i], start, count, dst);
+                                      }));
   }
   log().info("{}: loaded {} layers", where, pairs.size());
 }
@@ -183,9 +201,6 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
 
 namespace ht {
 
-namespace {
-
-// "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
 std::string checkpoint_problem(const std::string& path) {
   try {
     KerasWeightsFile f(path);
@@ -197,27 +212,26 @@ std::string checkpoint_problem(const std::string& path) {
   }
 }
 
-}  // namespace
-
 std::string find_resume_checkpoint(const Config& config, bool verbose) {
   const std::string& mode = config.checkpoint.resume;
   if (mode == "never") return "";
   if (mode != "auto") {
-    if (!fs::exists(mode)) throw ConfigError(fmt::format("checkpoint.resume {}: no such file", mode));
+    if (const std::string problem = input_file_problem(mode); !problem.empty())
+      throw ConfigError(fmt::format("checkpoint.resume {}: {}", mode, problem));
     const std::string problem = checkpoint_problem(mode);
     if (!problem.empty()) throw ConfigError(fmt::format("checkpoint.resume {}: {}", mode, problem));
     return mode;
   }
   std::vector<std::string> skipped;
-  for (const auto& [step, path] : list_checkpoints(fs::path(config.run_dir) / "checkpoints")) {
-    const std::string problem = checkpoint_problem(path.string());
+  for (const auto& [step, path] : list_checkpoints((fs::path(config.run_dir) / "checkpoints").string())) {
+    const std::string problem = checkpoint_problem(path);
     if (problem.empty()) {
       if (verbose && !skipped.empty())
-        log().warn("resume: using {} instead of the newer {}", path.string(), fmt::join(skipped, ", "));
-      return path.string();
+        log().warn("resume: using {} instead of the newer {}", path, fmt::join(skipped, ", "));
+      return path;
     }
-    if (verbose) log().warn("resume: skipping {}: {}", path.string(), problem);
-    skipped.push_back(path.string());
+    if (verbose) log().warn("resume: skipping {}: {}", path, problem);
+    skipped.push_back(path);
   }
   if (verbose && !skipped.empty()) log().warn("resume: no valid checkpoint in {}; starting fresh", config.run_dir);
   return "";
@@ -251,9 +265,10 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
     if (shape != r.keras_shape)
       throw ConfigError(fmt::format("checkpoint {}: layer {} weight {} is {}, the model expects {}", path,
                                     r.layer_name, r.weight, shape_text(shape), shape_text(r.keras_shape)));
-    params.load_keras(r, [&](const auto& start, const auto& count, float* dst) {
-      file.read(r.layer_name, r.weight, start, count, dst);
-    });
+    params.load_keras(r, finite_reader(fmt::format("checkpoint {}: layer {} weight {}", path, r.layer_name, r.weight),
+                                       [&](const auto& start, const auto& count, float* dst) {
+                                         file.read(r.layer_name, r.weight, start, count, dst);
+                                       }));
   }
   const bool adam = config.training.optimizer.type == OptimizerType::Adam;
   auto load_slot = [&](const std::string& name, Tensor& t) {

@@ -2,6 +2,7 @@
 // under /halotrain, and loading Keras weights for `training.init_weights`.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,13 @@
 #include "worker/params.hpp"
 
 namespace ht {
+
+// Training produced something that is not finite (the loss, or a weight about to be
+// checkpointed): a user-visible failure (exit 1), no checkpoint written.
+class TrainingDiverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // What the optimizer keeps besides the weights: Adam's m and v, or SGD's velocity.
 struct OptimizerState {
@@ -21,11 +29,15 @@ struct TrainingProgress {
   int64_t cursor = 0;  // stream position of the next sample (step * batch_size)
 };
 
-// Writes run_dir/checkpoints/ckpt-<step>.h5 atomically and keeps the newest `keep`.
-// Returns the path written.
+// Writes run_dir/checkpoints/ckpt-<step>.h5 atomically and returns its path; pruning is
+// CheckpointDir's. Throws TrainingDiverged naming the first weight or optimizer slot that
+// is not finite, before anything is written.
 std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
                             OptimizerState& optimizer, ComputeBackend& backend,
                             const TrainingProgress& progress);
+
+// "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
+std::string checkpoint_problem(const std::string& path);
 
 // The checkpoint `checkpoint.resume` asks for: the newest one in run_dir/checkpoints whose
 // checksum verifies (`auto`; torn or corrupt newer files are skipped with a warning naming

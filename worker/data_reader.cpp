@@ -6,7 +6,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "orchestrator/files.hpp"
 #include "worker/h5.hpp"
+#include "worker/tensor.hpp"
 
 namespace ht {
 
@@ -38,6 +40,11 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   }
   return o;
 }
+
+namespace {
+// Host bytes kept per image of a file: its label and its place in the epoch's permutation.
+constexpr uint64_t kIndexBytesPerImage = 2 * sizeof(int64_t);
+}  // namespace
 
 struct DataReader::Impl {
   std::string path;
@@ -91,6 +98,16 @@ struct DataReader::Impl {
       fail(fmt::format("dataset '{}' is {} but model.input is {}", opt.images, h5::shape_string(s),
                        input_shape()));
     if (s[0] < 1) fail(fmt::format("dataset '{}' is {}: it holds no images", opt.images, h5::shape_string(s)));
+    // A header can declare any count; the per-image index (labels, the epoch's order) is
+    // host memory, so the count is checked before anything is sized by it.
+    const uint64_t index_bytes = saturating_product({uint64_t(s[0]), kIndexBytesPerImage});
+    const uint64_t limit = physical_memory_bytes() / 8;
+    if (index_bytes > limit)
+      fail(fmt::format("dataset '{}' declares {} images; their index (labels and shuffle order, {} bytes per "
+                       "image) would need {} of host memory, more than an eighth of this machine's {}; split "
+                       "the data into smaller files",
+                       opt.images, s[0], kIndexBytesPerImage, format_size(index_bytes),
+                       format_size(physical_memory_bytes())));
     count = s[0];
     h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(images)));
     std::string name = h5::type_name(type);
@@ -192,14 +209,24 @@ void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, f
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.what()));
   }
+  const size_t plane = size_t(rows) * cols;
   if (C == 1) {
     if (scale != 1.f)
       for (size_t i = 0; i < n; ++i) out[i] *= scale;
-    return;
+  } else {
+    for (size_t p = 0; p < plane; ++p)
+      for (int c = 0; c < C; ++c) out[size_t(c) * plane + p] = dst[p * C + size_t(c)] * scale;
   }
-  const size_t plane = size_t(rows) * cols;
-  for (size_t p = 0; p < plane; ++p)
-    for (int c = 0; c < C; ++c) out[size_t(c) * plane + p] = dst[p * C + size_t(c)] * scale;
+  // A NaN or Inf pixel (in the file, or made by data.scale) would surface steps later as a
+  // NaN loss; it is named here, where it is read.
+  const size_t bad = first_non_finite(out, n);
+  if (bad < n) {
+    const size_t c = bad / plane, p = bad % plane;
+    m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}, channel {} (after data.scale {}): every "
+                       "pixel must be finite",
+                       m.opt.images, index, non_finite_name(out[bad]), rect.rows.lo + int64_t(p / cols), rect.cols.lo + int64_t(p % cols),
+                       c, scale));
+  }
 }
 
 int32_t DataReader::read_label(int64_t index) const {

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "orchestrator/files.hpp"
+
 namespace ht::h5 {
 
 void quiet() {
@@ -118,11 +120,8 @@ TypeClass type_class(hid_t type) {
 
 std::string why_not_readable(const std::string& path) {
   quiet();
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0)
-    return errno == ENOENT ? "does not exist" : fmt::format("cannot be read: {}", strerror(errno));
-  if (S_ISDIR(st.st_mode)) return "is a directory, not an HDF5 file";
-  if (::access(path.c_str(), R_OK) != 0) return fmt::format("cannot be read: {}", strerror(errno));
+  // Checked before HDF5 opens anything: opening a FIFO would block forever.
+  if (std::string problem = input_file_problem(path); !problem.empty()) return problem;
   if (H5Fis_hdf5(path.c_str()) <= 0) {
     H5Eclear2(H5E_DEFAULT);
     return "is not an HDF5 file";

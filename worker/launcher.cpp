@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "orchestrator/files.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "worker/local_comm.hpp"
@@ -31,7 +32,10 @@ void ensure_data(const Config& config) {
   log().info("writing synthetic data {} ({} x {} x {} x {})", config.data.train, s.count, s.height, s.width,
              s.channels);
   const auto parent = std::filesystem::path(config.data.train).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
+  if (!parent.empty())
+    if (const std::string problem = writable_directory_problem(parent.string()); !problem.empty())
+      throw ConfigError(fmt::format("{}: data.train {} cannot be made from data.synthesize: its directory {} {}",
+                                    config.source_path, config.data.train, parent.string(), problem));
   write_synthetic_dataset(config.data.train, o);
 }
 

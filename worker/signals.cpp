@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <csignal>
+#include <pthread.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +21,21 @@ namespace {
 volatile std::sig_atomic_t g_requeue = 0;
 volatile std::sig_atomic_t g_terminate = 0;
 
+volatile std::sig_atomic_t g_interrupts = 0;
+
 extern "C" void on_warning(int) { g_requeue = 1; }
 extern "C" void on_terminate(int) { g_terminate = 1; }
+// Ctrl-C: the first asks for a clean stop as SIGTERM does; a second ends the process at
+// once, as a user pressing it again expects (signal() and raise() are async-signal-safe).
+extern "C" void on_interrupt(int sig) {
+  if (g_interrupts) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_interrupts = 1;
+  g_terminate = 1;
+}
 
 void install(int sig, void (*handler)(int)) {
   struct sigaction sa {};
@@ -52,6 +66,20 @@ void install_stop_handlers(const std::string& warning_signal) {
   if (warning < 0) throw std::invalid_argument(fmt::format("slurm.signal: unknown signal '{}'", warning_signal));
   install(warning, on_warning);
   if (warning != SIGTERM) install(SIGTERM, on_terminate);
+  if (warning != SIGINT) install(SIGINT, on_interrupt);
+  // A supervisor starts its worker with these blocked (block_stop_signals), so that one
+  // sent before the handlers exist waits instead of killing the process: now it may come.
+  sigset_t set = stop_signal_set(warning);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+sigset_t stop_signal_set(int warning_signal) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  if (warning_signal > 0) sigaddset(&set, warning_signal);
+  return set;
 }
 
 StopRequest pending_stop() {
@@ -63,6 +91,7 @@ StopRequest pending_stop() {
 void clear_stop_requests() {
   g_requeue = 0;
   g_terminate = 0;
+  g_interrupts = 0;
 }
 
 std::string requeue_marker_path(const std::string& run_dir) {

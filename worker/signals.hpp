@@ -10,6 +10,7 @@
 // recycle.mode restart. The script removes the marker before every launch.
 #pragma once
 
+#include <csignal>
 #include <string>
 
 namespace ht {
@@ -20,9 +21,14 @@ enum class StopRequest { None = 0, Requeue = 1, Terminate = 2 };
 // The signal number of "USR2", "SIGUSR1", "TERM", ... (case-insensitive); -1 if unknown.
 int signal_number(const std::string& name);
 
-// Installs handlers for `warning_signal` (-> Requeue) and SIGTERM (-> Terminate; unless
-// it is the warning signal). Idempotent. Throws std::invalid_argument for an unknown name.
+// Installs handlers for `warning_signal` (-> Requeue), SIGTERM (-> Terminate) and SIGINT
+// (the first -> Terminate, a second ends the process at once), each unless it is the
+// warning signal. Idempotent. Throws std::invalid_argument for an unknown name.
 void install_stop_handlers(const std::string& warning_signal);
+
+// SIGTERM, SIGINT and the warning signal (ignored when <= 0): the stop signals a
+// supervisor forwards, and blocks in a worker it starts until install_stop_handlers runs.
+sigset_t stop_signal_set(int warning_signal);
 
 // What the signals asked for so far; Requeue wins when both arrived (the warning came
 // first, and the SIGTERM is then Slurm ending this run of the job).

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "orchestrator/files.hpp"
 #include "worker/h5.hpp"
 
 namespace ht {
@@ -80,6 +81,34 @@ void validate(const SyntheticOptions& o) {
   positive(o.channels, "--channels");
   if (o.targets == TargetKind::Labels) positive(o.classes, "--classes");
   if (o.images_name.empty()) throw ConfigError("make-data: the images dataset name is empty");
+}
+
+size_t pixel_bytes(PixelType t) { return t == PixelType::UInt8 ? 1 : t == PixelType::UInt16 ? 2 : 4; }
+
+// What writing `o` takes, checked before any buffer is sized by it: host memory for one
+// band of chunk rows (and the labels), disk for the file.
+void check_resources(const SyntheticOptions& o, const std::string& path) {
+  const uint64_t H = uint64_t(o.height), W = uint64_t(o.width), C = uint64_t(o.channels);
+  const uint64_t rows = std::min<uint64_t>(H, kChunk);
+  const uint64_t band = saturating_product({rows, W, C, 4 + pixel_bytes(o.dtype)});
+  const uint64_t memory = band + saturating_product({uint64_t(o.count), 4}) + 16 * W + rows * W;
+  const uint64_t have = physical_memory_bytes();
+  if (memory > have / 2)
+    throw ConfigError(fmt::format(
+        "make-data: --width {} x --channels {} needs {} of memory for one band of {} rows (plus the labels of "
+        "--count {}); this machine has {}",
+        o.width, o.channels, format_size(memory), rows, o.count, format_size(have)));
+  const uint64_t image = saturating_product({H, W, C, pixel_bytes(o.dtype)});
+  const uint64_t mask = o.targets == TargetKind::Masks ? saturating_product({H, W}) : 0;
+  const uint64_t file = saturating_product({uint64_t(o.count), image + mask});
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  const auto space = std::filesystem::space(dir, ec);
+  if (!ec && file > space.available)
+    throw ConfigError(fmt::format(
+        "make-data: --count {} x --height {} x --width {} x --channels {} needs {} on disk; {} has {} free",
+        o.count, o.height, o.width, o.channels, format_size(file), dir.string(), format_size(space.available)));
 }
 
 // Fills one band of rows [r0, r1) of image `index`: pixels as [rows][W][C] in [0,1] and the
@@ -179,6 +208,7 @@ void write_synthetic_dataset(const std::string& path, const SyntheticOptions& op
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   if (ec) throw ConfigError(fmt::format("make-data: cannot create directory {}: {}", parent.string(), ec.message()));
+  check_resources(options, path);
 
   const std::string temp = h5::temp_path(path);
   try {

@@ -9,6 +9,12 @@
 
 namespace ht {
 
+// The index of the first NaN or Inf among `n` floats; `n` when every one is finite.
+size_t first_non_finite(const float* data, size_t n);
+
+// "NaN", "+inf" or "-inf" for a value that is not finite (messages name it so).
+const char* non_finite_name(float value);
+
 // Exceeding the device budget (`parallel.device_memory`): a clear error naming what was
 // being allocated, never a crash.
 class DeviceMemoryError : public std::runtime_error {

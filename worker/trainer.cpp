@@ -60,6 +60,12 @@ Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& wo
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
   data_ = std::make_unique<BatchSource>(config, plan, rank, *backend_);
+  // Rank 0 writes the checkpoints. It claims the run directory once every input checked
+  // out, so a run refused for its device, weights or data leaves nothing behind.
+  if (rank == 0) {
+    checkpoints_ = std::make_unique<CheckpointDir>(config);
+    checkpoints_->check_start(start_step_, resume);
+  }
   reporter_ = std::make_unique<Reporter>();
 }
 
@@ -321,7 +327,10 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   const TrainingProgress progress{steps_done, data_->epoch_of_step(steps_done),
                                   steps_done * config_.training.batch_size};
   std::string path;
-  if (rank_ == 0) path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+  if (rank_ == 0) {
+    path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+    checkpoints_->prune_after(steps_done);
+  }
   // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
   world_->barrier();
   return path;
@@ -334,7 +343,7 @@ void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, Tra
   world_->allreduce_sum_host(flags, 2);
   if (flags[0] == 0 && flags[1] == 0) return;
   if (!checkpoint_written) summary.checkpoint = checkpoint(steps_done);
-  std::string why = "SIGTERM";
+  std::string why = "SIGTERM or SIGINT";
   if (flags[0] > 0) {
     why = "the Slurm warning signal";
     std::string error;
@@ -351,7 +360,6 @@ TrainSummary Trainer::run() {
   Reporter& r = *reporter_;
   r.total = total;
   if (rank_ == 0) {
-    std::filesystem::create_directories(config_.run_dir);
     const std::string path = config_.run_dir + "/metrics.csv";
     const bool fresh = start_step_ == 0 || !std::filesystem::exists(path);
     r.csv.open(path, fresh ? std::ios::trunc : std::ios::app);

@@ -11,16 +11,11 @@
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"
 #include "worker/checkpoint.hpp"
+#include "worker/checkpoint_dir.hpp"
 #include "worker/comm.hpp"
 #include "worker/layers.hpp"
 
 namespace ht {
-
-// The loss stopped being finite: a user-visible failure (exit 1), no checkpoint written.
-class TrainingDiverged : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // The run stopped at a step boundary with a checkpoint written: for requeue after Slurm's
 // warning signal, on SIGTERM, or for `recycle.mode: restart`. Exit code 3.
@@ -87,6 +82,7 @@ class Trainer {
   OptimizerState optimizer_;
   std::unique_ptr<BatchSource> data_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;
   std::vector<std::vector<char>> test_leak_;  // HALOTRAIN_TEST_LEAK_MIB: a leak recycling must cure
   struct Reporter;

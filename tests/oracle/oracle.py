@@ -18,6 +18,7 @@ usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN]
 import argparse
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -368,6 +369,7 @@ def main():
         tag = f"{kind}-{grid[0]}x{grid[1]}" + (f"-np{nproc}" if nproc else "") + (f"-{policy}" if policy else "")
         cfg = os.path.join(work, f"{tag}.yaml")
         write_config(cfg, case, work, tag)
+        shutil.rmtree(os.path.join(work, "runs", tag), ignore_errors=True)  # a fresh run every time
         cmd = [args.halotrain, "train", cfg, "--set", f"parallel.grid=[{grid[0]},{grid[1]}]"]
         if policy:
             cmd += ["--set", f"parallel.activations={policy}"]

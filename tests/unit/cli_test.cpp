@@ -86,14 +86,26 @@ TEST_F(CliTest, NonFiniteLossStopsWithTheStepAndKeepsGoodCheckpoints) {
   const fs::path ckpt = dir_ / "run" / "checkpoints" / "ckpt-2.h5";
   ASSERT_TRUE(fs::exists(ckpt));
   const auto before = fs::last_write_time(ckpt);
-  // Resume for two more steps on data scaled to infinity: the loss is NaN at step 3.
-  const Result bad = run("train " + cfg + " --set training.steps=4 --set data.scale=1e39");
+  // Resume with a learning rate that sends the weights to infinity at step 3, checkpoints
+  // only at the end: the loss of step 4 is NaN, and nothing is written.
+  const Result bad = run("train " + cfg +
+                         " --set training.steps=4 --set training.optimizer.lr=1e39 --set checkpoint.every_steps=10");
   EXPECT_EQ(bad.code, 1) << bad.output;
-  EXPECT_NE(bad.output.find("step 3: the loss is NaN"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("step 4: the loss is NaN"), std::string::npos) << bad.output;
   EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoints" / "ckpt-3.h5"));
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoints" / "ckpt-4.h5"));
   EXPECT_EQ(fs::last_write_time(ckpt), before);
   const Result inspect = run("inspect " + ckpt.string());
   EXPECT_EQ(inspect.code, 0) << inspect.output;
+}
+
+TEST_F(CliTest, InfinitePixelsAreNamedWhereTheyAreRead) {
+  const std::string data = make_data(16, 12);
+  const Result bad = run("train " + config(data, 16, 12) + " --set data.scale=1e39");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find(data + ": dataset 'images' image "), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("has +inf at row 0, col 0, channel 0"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "checkpoints" / "ckpt-1.h5"));
 }
 
 TEST_F(CliTest, UnknownKeyIsOneLineWithASuggestion) {
