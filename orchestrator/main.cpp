@@ -22,6 +22,7 @@
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
+#include "worker/run_report.hpp"
 #include "worker/signals.hpp"
 #include "worker/synthetic_data.hpp"
 #include "worker/tensor.hpp"
@@ -31,13 +32,17 @@ namespace {
 
 using namespace ht;
 
-int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json) {
+int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json, const std::string& html) {
   Config config = load_config(path, sets);
   const ModelSpec model = build_model_spec(config);
   GridShape grid{config.parallel.grid_rows, config.parallel.grid_cols};
   if (config.parallel.grid_auto) grid = choose_grid(config, model);
   const ShardPlan plan = make_shard_plan(model, grid);
   std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
+  if (!html.empty()) {
+    publish_page(html, render_report_html(config, plan, nullptr, read_thumbnail(config, model)));
+    std::cerr << "wrote " << html << "\n";
+  }
   const std::string verdict = fit_verdict(config, model, plan);
   if (!verdict.empty()) {
     std::cerr << "halotrain plan: " << verdict << "\n";
@@ -141,6 +146,12 @@ int run(int argc, char** argv) {
   plan->add_option("CONFIG", config_path, "YAML config")->required();
   plan->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
   plan->add_flag("--json", json, "print JSON");
+  std::string html;
+  plan->add_option("--html", html, "also write the plan as a self-contained HTML page to this file");
+
+  std::string run_dir;
+  auto* report = app.add_subcommand("report", "write RUN_DIR/report.html: curves, memory, the shard map");
+  report->add_option("RUN_DIR", run_dir, "a run's run_dir")->required();
 
   SyntheticOptions data;
   std::string out_path;
@@ -185,7 +196,11 @@ int run(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 1;
   }
-  if (*plan) return cmd_plan(config_path, sets, json);
+  if (*plan) return cmd_plan(config_path, sets, json, html);
+  if (*report) {
+    std::cout << "wrote " << report_run_dir(run_dir) << "\n";
+    return 0;
+  }
   if (*train) return cmd_train(config_path, sets);
   if (*submit) return run_submit(submit_cmd, std::cout, std::cerr);
   if (*make_data) {

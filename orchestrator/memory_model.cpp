@@ -14,11 +14,16 @@ namespace {
 
 constexpr uint64_t kFloat = sizeof(float);
 
+// Optimizer state per trainable weight: adam's two moments, sgd's velocity when it has momentum.
+uint64_t optimizer_slots(const Config& config) {
+  const OptimizerConfig& o = config.training.optimizer;
+  return o.type == OptimizerType::Adam ? 2 : (o.momentum > 0 ? 1 : 0);
+}
+
 uint64_t fixed_bytes(const Config& config, const ModelSpec& m, uint64_t* params, uint64_t* grads,
                      uint64_t* optimizer) {
   const uint64_t all = uint64_t(m.param_count(false)), trainable = uint64_t(m.param_count(true));
-  const OptimizerConfig& o = config.training.optimizer;
-  const uint64_t slots = o.type == OptimizerType::Adam ? 2 : (o.momentum > 0 ? 1 : 0);
+  const uint64_t slots = optimizer_slots(config);
   *params = all * kFloat;
   *grads = trainable * kFloat;
   *optimizer = slots * trainable * kFloat;
@@ -183,6 +188,12 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
 
 namespace {
 
+// Whether layer l keeps its extended input from forward to backward (worker/layers.cpp).
+bool keeps_extended_input(const LayerSpec& layer, const StepMemory::LayerSizes& sizes, ActivationPolicy policy) {
+  return layer.windowed() && !sizes.in_place && policy == ActivationPolicy::Keep &&
+         layer.config.type != LayerType::AvgPool2D;
+}
+
 // One step of one rank, replayed allocation by allocation. The order of every alloc and
 // free below is the worker's (worker/trainer.cpp, worker/layers.cpp,
 // worker/halo_exchange.cpp); a change there must be mirrored here (memory tests compare
@@ -237,11 +248,7 @@ class StepReplay {
   LayerType type(int l) const { return m_.layers[l].config.type; }
   bool windowed(int l) const { return m_.layers[l].windowed(); }
   const StepMemory::LayerSizes& at(int l) const { return z_.layers[l]; }
-  // Whether layer l keeps its extended input from forward to backward (worker/layers.cpp).
-  bool keeps_ext(int l) const {
-    return windowed(l) && !at(l).in_place && policy_[l] == ActivationPolicy::Keep &&
-           type(l) != LayerType::AvgPool2D;
-  }
+  bool keeps_ext(int l) const { return keeps_extended_input(m_.layers[l], at(l), policy_[l]); }
   bool regathers(int l) const {
     return policy_[l] != ActivationPolicy::Keep && backward_reads_window(m_.layers[l], l);
   }
@@ -443,6 +450,33 @@ MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int 
 
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan) {
   return estimate_memory_max(config, plan, activation_policies(config, plan));
+}
+
+std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& plan, int rank,
+                                      const LayerPolicies& policies) {
+  const ModelSpec& m = plan.model;
+  const StepMemory::RankSizes sizes = StepMemory::sizes_of(config, plan, rank);
+  const uint64_t slots = optimizer_slots(config);
+  std::vector<LayerMemory> out;
+  for (int l = 0; l < int(m.layers.size()); ++l) {
+    const LayerSpec& L = m.layers[l];
+    const StepMemory::LayerSizes& z = sizes.layers[l];
+    LayerMemory x;
+    x.params = uint64_t(L.param_count(false)) * kFloat;
+    x.grads = uint64_t(L.param_count(true)) * kFloat;
+    x.optimizer = slots * x.grads;
+    const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
+    switch (policies[l]) {
+      case ActivationPolicy::Offload: x.offloaded = z.out; break;
+      case ActivationPolicy::Recompute: break;
+      default: x.activations = z.out;
+    }
+    x.activations += kept_input;
+    x.halo = std::max(z.stage[0], z.stage[1]);
+    x.transient = z.out + (l == 0 ? 0 : (L.windowed() ? z.ext : z.owned_in));
+    out.push_back(x);
+  }
+  return out;
 }
 
 HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies) {

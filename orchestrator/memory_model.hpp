@@ -64,6 +64,17 @@ struct MemoryEstimate {
   uint64_t host_offload = 0;  // peak of the host pool holding offloaded activations
 };
 
+// One layer's share of a rank's device memory, by kind: sizes held at some time of the
+// step, not one moment (the peak is MemoryEstimate's). The plan's per-layer view.
+struct LayerMemory {
+  uint64_t params = 0, grads = 0, optimizer = 0;  // its weights, their gradients and optimizer slots
+  uint64_t activations = 0;  // on the device from forward to backward: its output, and its
+                             // halo-extended input when it keeps it
+  uint64_t offloaded = 0;    // its output in the host pool (policy offload), not on the device
+  uint64_t halo = 0;         // staging of the larger phase of its exchange (send + receive)
+  uint64_t transient = 0;    // during its backward: the output gradient and the input gradient
+};
+
 // Halo bytes one rank SENDS per step: forward halos plus backward halo gradients, split by
 // whether the peer sits on the same node (rank / devices_per_node).
 struct HaloTraffic {
@@ -121,6 +132,10 @@ class StepMemory {
 // The same under the policies the plan chooses (activation_policies(), activation_plan.hpp).
 MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank);
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);
+
+// Per layer of `rank`, under `policies`.
+std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& plan, int rank,
+                                      const LayerPolicies& policies);
 
 // Windowed layers that do not keep their extended input gather it again for backward:
 // their forward halo moves twice.

@@ -61,3 +61,10 @@ add_test(NAME cli_robustness
          COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/robustness_test.py $<TARGET_FILE:halotrain>
                  ${CMAKE_BINARY_DIR}/robustness-test)
 set_tests_properties(cli_robustness PROPERTIES LABELS checkpoint TIMEOUT 600)
+
+# report.html in headless chromium without network (tests/report/report_test.py): the DOM
+# against metrics.csv and the plan, a screenshot, bad input.
+add_test(NAME report_browser
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/report/report_test.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/report-test)
+set_tests_properties(report_browser PROPERTIES LABELS report TIMEOUT 600)

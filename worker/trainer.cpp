@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "orchestrator/activation_plan.hpp"
 #include "worker/log.hpp"
+#include "worker/run_report.hpp"
 #include "worker/signals.hpp"
 
 namespace ht {
@@ -32,6 +34,8 @@ struct Trainer::Reporter {
   std::ofstream csv;
   int64_t total = 0;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::optional<Thumbnail> image;  // read once, for every refresh of report.html
+  bool report_failed = false;      // warned once
 };
 
 // What survives a recycle: weights, BN statistics and optimizer state, on the host.
@@ -330,10 +334,24 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   if (rank_ == 0) {
     path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
     checkpoints_->prune_after(steps_done);
+    refresh_report();
   }
   // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
   world_->barrier();
   return path;
+}
+
+std::string Trainer::refresh_report() {
+  Reporter& r = *reporter_;
+  try {
+    if (!r.image) r.image = read_thumbnail(config_, plan_.model);
+    return write_run_report(config_.run_dir, config_, plan_, r.total, *r.image);
+  } catch (const std::exception& e) {
+    // The page is for looking at: it never stops a run.
+    if (!r.report_failed) log().warn("report.html not written: {}", e.what());
+    r.report_failed = true;
+    return "";
+  }
 }
 
 void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary) {
@@ -364,8 +382,13 @@ TrainSummary Trainer::run() {
     const bool fresh = start_step_ == 0 || !std::filesystem::exists(path);
     r.csv.open(path, fresh ? std::ios::trunc : std::ios::app);
     if (!r.csv) throw ConfigError(fmt::format("run_dir {}: cannot write metrics.csv", config_.run_dir));
-    if (fresh) r.csv << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes\n";
+    if (fresh) {
+      r.csv << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes\n";
+      std::filesystem::remove(config_.run_dir + "/memory.csv");  // an earlier run's
+    }
+    r.csv.flush();
     r.tty = isatty(fileno(stdout));
+    write_run_info(config_, plan_, total);
   }
   if (start_step_ >= total && rank_ == 0)
     log().info("nothing to train: the checkpoint is at step {} of {} (raise training.steps to go on)",
@@ -402,6 +425,10 @@ TrainSummary Trainer::run() {
   }
   summary.peak_device_bytes = max_peak_over_ranks();
   if (summary.steps > start_step_) write_memory_report();
+  if (rank_ == 0) {
+    const std::string page = refresh_report();
+    if (!page.empty()) log().info("report {} (open it in a browser; it needs no network)", page);
+  }
   return summary;
 }
 

@@ -64,6 +64,7 @@ class Trainer {
   std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank
   uint64_t max_peak_over_ranks();
   void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank
+  std::string refresh_report();  // rank 0: run_dir/report.html from the run's files so far; "" if not
   void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged);
 
   const Config& config_;

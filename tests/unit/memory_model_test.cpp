@@ -119,6 +119,56 @@ TEST(MemoryModel, KeepPeakMatchesAHandCount) {
   EXPECT_EQ(e.total, fixed + 2312);
 }
 
+// The same model, per layer (the plan's and the report's per-layer view), counted by hand.
+TEST(MemoryModel, PerLayerSizesMatchAHandCount) {
+  Config c = classifier();
+  c.model.height = c.model.width = 8;
+  LayerConfig d = layer(LayerType::Dense);
+  d.units = 2;
+  c.model.layers = {conv(2), layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  c.training.batch_size = 1;
+  const ModelSpec m = build_model_spec(c);
+  const std::vector<LayerMemory> x =
+      layer_memory(c, make_shard_plan(m, {1, 1}), 0, uniform_policies(m, ActivationPolicy::Keep));
+  ASSERT_EQ(x.size(), 4u);
+  EXPECT_EQ(x[0].params, (2u * 9 + 2) * 4);  // 3x3x1x2 kernel and 2 biases
+  EXPECT_EQ(x[0].grads, x[0].params);
+  EXPECT_EQ(x[0].optimizer, 2 * x[0].params);  // adam
+  EXPECT_EQ(x[1].params, 0u);
+  EXPECT_EQ(x[3].params, (2u * 2 + 2) * 4);  // dense on the 2 pooled features
+  EXPECT_EQ(x[0].activations, 512u);          // 2 x 8 x 8 floats; one shard: no extended copy
+  EXPECT_EQ(x[1].activations, 512u);
+  EXPECT_EQ(x[2].activations, 8u);
+  EXPECT_EQ(x[0].transient, 512u);  // the first layer makes no input gradient
+  EXPECT_EQ(x[1].transient, 1024u);
+  EXPECT_EQ(x[2].transient, 8u + 512u);
+  for (const LayerMemory& l : x) EXPECT_EQ(l.halo, 0u);
+}
+
+// Summed over the layers, the weights are the replicated state of the peak, and what each
+// layer offloads is the host pool's peak (every offloaded output waits there at once).
+TEST(MemoryModel, PerLayerSizesAddUpToTheEstimate) {
+  Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const LayerPolicies offload = uniform_policies(m, ActivationPolicy::Offload);
+  const MemoryEstimate e = estimate_memory(c, p, 1, offload);
+  uint64_t params = 0, grads = 0, optimizer = 0, offloaded = 0, halo = 0;
+  for (const LayerMemory& l : layer_memory(c, p, 1, offload)) {
+    params += l.params;
+    grads += l.grads;
+    optimizer += l.optimizer;
+    offloaded += l.offloaded;
+    halo = std::max(halo, l.halo);
+  }
+  EXPECT_EQ(params, e.params);
+  EXPECT_EQ(grads, e.grads);
+  EXPECT_EQ(optimizer, e.optimizer);
+  EXPECT_GT(offloaded, 0u);
+  EXPECT_EQ(offloaded, e.host_offload);
+  EXPECT_GT(halo, 0u);  // two shards exchange
+}
+
 TEST(MemoryModel, OffloadAndRecomputeLowerThePeakAndAutoFitsATightBudget) {
   Config c = classifier();
   // A deeper model: two full-resolution blocks before the first pool.

@@ -1,0 +1,149 @@
+#include "worker/run_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "orchestrator/files.hpp"
+#include "worker/data_reader.hpp"
+#include "worker/h5.hpp"
+
+namespace ht {
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in && !in.eof()) throw ConfigError(fmt::format("{}: cannot be read: {}", path, std::strerror(errno)));
+  return text.str();
+}
+
+// `path` if it is a readable file; "" if it does not exist; ConfigError for anything else
+// (a directory, a FIFO, no permission): never opened when it could block.
+bool optional_file(const std::string& path) {
+  if (!std::filesystem::exists(path)) return false;
+  const std::string problem = input_file_problem(path);
+  if (!problem.empty()) throw ConfigError(fmt::format("{}: {}", path, problem));
+  return true;
+}
+
+}  // namespace
+
+Thumbnail read_thumbnail(const Config& config, const ModelSpec& model) {
+  Thumbnail t;
+  const std::string& path = config.data.train;
+  t.source = fmt::format("image 0 of {}", path);
+  const std::string why = h5::why_not_readable(path);
+  if (!why.empty()) {
+    t.missing = fmt::format("{} {}", path, why);
+    return t;
+  }
+  try {
+    DataReader reader(path, data_reader_options(config, model));
+    if (reader.count() == 0) {
+      t.missing = fmt::format("{} holds no images", path);
+      return t;
+    }
+    const int H = reader.height(), W = reader.width(), C = reader.channels();
+    const int side = Thumbnail::kThumbnailSide;
+    const int f = std::max(1, (std::max(H, W) + side - 1) / side);
+    const int th = (H + f - 1) / f, tw = (W + f - 1) / f;
+    std::vector<float> band(size_t(f) * size_t(W) * size_t(C));
+    std::vector<double> mean(size_t(th) * size_t(tw));
+    for (int ty = 0; ty < th; ++ty) {
+      const int y0 = ty * f, rows = std::min(H, y0 + f) - y0;
+      reader.read_image_tile(0, Rect{{y0, y0 + rows}, {0, W}}, config.data.scale, band.data());  // [C][rows][W]
+      for (int tx = 0; tx < tw; ++tx) {
+        const int x0 = tx * f, x1 = std::min(W, x0 + f);
+        double sum = 0;
+        for (int c = 0; c < C; ++c)
+          for (int y = 0; y < rows; ++y)
+            for (int x = x0; x < x1; ++x) sum += band[(size_t(c) * rows + y) * W + x];
+        mean[size_t(ty) * tw + tx] = sum / (double(C) * rows * (x1 - x0));
+      }
+    }
+    const auto [lo, hi] = std::minmax_element(mean.begin(), mean.end());
+    const double span = *hi > *lo ? *hi - *lo : 1.0;
+    t.width = tw;
+    t.height = th;
+    t.factor = f;
+    t.pixels.resize(mean.size());
+    for (size_t i = 0; i < mean.size(); ++i) t.pixels[i] = uint8_t(std::lround(255.0 * (mean[i] - *lo) / span));
+  } catch (const ConfigError& e) {
+    t.pixels.clear();
+    t.missing = e.what();
+  }
+  return t;
+}
+
+void publish_page(const std::string& path, const std::string& html) {
+  const std::string temp = h5::temp_path(path);
+  std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+  out << html;
+  out.close();
+  if (!out) {
+    const std::string reason = std::strerror(errno);
+    std::remove(temp.c_str());
+    throw ConfigError(fmt::format("{}: cannot write it: {}", path, reason));
+  }
+  try {
+    h5::commit_file(temp, path);
+  } catch (const std::exception& e) {
+    std::remove(temp.c_str());
+    throw ConfigError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+void write_run_info(const Config& config, const ShardPlan& plan, int64_t total_steps) {
+  const RunInfo info{config.text, config.source_path, {plan.grid_rows, plan.grid_cols}, plan.world(), total_steps};
+  publish_page(config.run_dir + "/run.json", run_info_json(info));
+}
+
+std::string write_run_report(const std::string& run_dir, const Config& config, const ShardPlan& plan,
+                             int64_t total_steps, const Thumbnail& image) {
+  RunRecord run;
+  run.run_dir = run_dir;
+  run.total_steps = total_steps;
+  const std::string metrics = run_dir + "/metrics.csv";
+  if (!optional_file(metrics))
+    throw ConfigError(fmt::format("{}: no metrics.csv: this run has not logged a step yet", run_dir));
+  run.metrics = parse_metrics_csv(read_text(metrics), metrics);
+  const std::string memory = run_dir + "/memory.csv";
+  if (optional_file(memory)) run.memory = parse_memory_csv(read_text(memory), memory);
+  const std::string path = run_dir + "/report.html";
+  publish_page(path, render_report_html(config, plan, &run, image));
+  return path;
+}
+
+std::string report_run_dir(const std::string& run_dir) {
+  if (!std::filesystem::is_directory(run_dir))
+    throw ConfigError(fmt::format("{}: {}", run_dir,
+                                  std::filesystem::exists(run_dir) ? "is not a directory; expected a run_dir"
+                                                                   : "does not exist; expected a run_dir"));
+  const std::string info_path = run_dir + "/run.json";
+  if (!optional_file(info_path))
+    throw ConfigError(fmt::format(
+        "{}: not a halotrain run directory: it has no run.json (halotrain train writes it when a run starts)",
+        run_dir));
+  const RunInfo info = parse_run_info(read_text(info_path), info_path);
+  Config config;
+  try {
+    config = parse_config(info.config_text, info.config_path);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: the config it holds no longer reads: {}", info_path, e.what()));
+  }
+  const ModelSpec model = build_model_spec(config);
+  const ShardPlan plan = make_shard_plan(model, info.grid, info.world);
+  return write_run_report(run_dir, config, plan, info.total_steps, read_thumbnail(config, model));
+}
+
+}  // namespace ht

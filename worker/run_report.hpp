@@ -1,0 +1,37 @@
+// The run directory's report (SPEC section 10): reads what the renderer needs (run.json,
+// metrics.csv, memory.csv, a thumbnail of the first training image) and publishes
+// report.html atomically. Used by `halotrain report RUN_DIR`, `halotrain plan --html` and
+// by the trainer, which refreshes the page at every checkpoint and at the end.
+#pragma once
+
+#include <string>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/shard_plan.hpp"
+#include "report/report.hpp"
+
+namespace ht {
+
+// Image 0 of data.train, read in bands of whole thumbnail rows (never the whole image at
+// once). A missing or unreadable file gives a Thumbnail with the reason in `missing`.
+Thumbnail read_thumbnail(const Config& config, const ModelSpec& model);
+
+// run_dir/run.json for this run (rank 0, when training starts).
+void write_run_info(const Config& config, const ShardPlan& plan, int64_t total_steps);
+
+// Writes `html` to `path` through a temporary file and a rename: a reader sees the old page
+// or the whole new one. Throws ConfigError naming the path.
+void publish_page(const std::string& path, const std::string& html);
+
+// run_dir/report.html from run_dir's files and `image`; returns its path. Throws
+// ConfigError (naming the file) when metrics.csv or memory.csv is malformed; nothing is
+// written then.
+std::string write_run_report(const std::string& run_dir, const Config& config, const ShardPlan& plan,
+                             int64_t total_steps, const Thumbnail& image);
+
+// `halotrain report RUN_DIR`: plans the run again from run.json, reads the image, writes
+// the page. ConfigError for a directory that is not a run.
+std::string report_run_dir(const std::string& run_dir);
+
+}  // namespace ht
