@@ -68,3 +68,11 @@ add_test(NAME report_browser
          COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/report/report_test.py $<TARGET_FILE:halotrain>
                  ${CMAKE_BINARY_DIR}/report-test)
 set_tests_properties(report_browser PROPERTIES LABELS report TIMEOUT 600)
+
+# The GPU check bundle (scripts/gpu-check) builds from this build and holds everything its
+# five parts need; what a GPU machine would run is listed, nothing is run.
+if(TARGET halotrain_cuda)
+  add_test(NAME gpu_check_bundle
+           COMMAND sh -c "GPU_CHECK_BUILD='${CMAKE_BINARY_DIR}' '${PROJECT_SOURCE_DIR}/scripts/gpu-check' bundle '${CMAKE_BINARY_DIR}/gpu-bundle' && '${CMAKE_BINARY_DIR}/gpu-bundle/gpu-check' all --dry-run")
+  set_tests_properties(gpu_check_bundle PROPERTIES LABELS bundle TIMEOUT 300)
+endif()

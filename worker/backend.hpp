@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kernels/geometry.hpp"
@@ -48,6 +49,9 @@ class ComputeBackend {
   virtual void transfers_done_for_compute() {}
   virtual void wait_transfers() {}
   virtual std::string device_name() const = 0;
+  // Free memory of the whole device as its driver reports it (CUDA: cudaMemGetInfo), for
+  // watching what recycling gives back; nullopt where there is no such figure (CPU).
+  virtual std::optional<uint64_t> device_free_bytes() const { return std::nullopt; }
 
   // Memory movement.
   virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;

@@ -139,7 +139,11 @@ void Trainer::recycle_in_process() {
   backend_.reset();
   build_device_state(&snapshot);
   data_->rebind(backend_.get());
-  if (rank_ == 0) log().info("recycled the device state of {} (and of every other rank)", device);
+  if (rank_ == 0) {
+    const std::optional<uint64_t> free = backend_->device_free_bytes();
+    log().info("recycled the device state of {} (and of every other rank){}", device,
+               free ? fmt::format("; device free memory {} B", *free) : "");
+  }
 }
 
 Trainer::~Trainer() = default;

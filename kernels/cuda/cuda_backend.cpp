@@ -63,6 +63,13 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::bind() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
+std::optional<uint64_t> CudaBackend::device_free_bytes() const {
+  bind();
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return uint64_t(free);
+}
+
 CudnnContext& CudaBackend::cudnn() {
   bind();
   if (!cudnn_) cudnn_.reset(create_cudnn_context());

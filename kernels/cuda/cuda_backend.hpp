@@ -36,6 +36,7 @@ class CudaBackend final : public ComputeBackend {
   Allocator& allocator() override { return alloc_; }
   Allocator& host_pool() override { return host_pool_; }
   std::string device_name() const override { return alloc_.device(); }
+  std::optional<uint64_t> device_free_bytes() const override;
   int device() const { return device_; }
 
   void to_host(void* host_dst, const void* src, size_t bytes) override;

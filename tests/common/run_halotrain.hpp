@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "worker/backend.hpp"
@@ -16,9 +17,16 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
+// The binary of this build, or $HALOTRAIN_BIN (a test bundle run on another machine,
+// scripts/gpu-check).
+inline std::string halotrain_binary() {
+  const char* env = std::getenv("HALOTRAIN_BIN");
+  return env && *env ? env : HALOTRAIN_BINARY;
+}
+
 // `args` go through the shell unquoted: tests pass plain paths and values.
 inline RunResult run_halotrain(const std::string& args) {
-  const std::string cmd = std::string(HALOTRAIN_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = halotrain_binary() + " " + args + " 2>&1";
   RunResult r{0, ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {-1, "popen failed: " + cmd};

@@ -13,7 +13,10 @@ is within 10% of the memory model's prediction. The case's second grid also runs
 against that grid's keep run (every checkpoint dataset and attribute but checksums and
 the config).
 
-usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN]
+With `--backend cuda` it runs one rank and the case's second grid as shard threads sharing
+GPU 0 (halos through the host), keep, offload and recompute, and no MPI.
+
+usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN] [--backend cpu|cuda]
 """
 import argparse
 import math
@@ -269,7 +272,7 @@ def reference(case, images, labels, masks, weights):
     return model, losses
 
 
-def write_config(path, case, workdir, tag):
+def write_config(path, case, workdir, tag, backend="cpu"):
     import json
     cfg = dict(
         name=tag, run_dir=os.path.join(workdir, "runs", tag), seed=SEED,
@@ -278,7 +281,9 @@ def write_config(path, case, workdir, tag):
         model=dict(input=case["input"], layers=case["layers"], loss=case["loss"]),
         training=dict(batch_size=BATCH, steps=STEPS, optimizer=case["optimizer"],
                       init_weights=os.path.join(workdir, "init.h5")),
-        parallel=dict(backend="cpu", grid=[1, 1], device_memory="4GiB"),
+        # On CUDA every shard thread uses GPU 0 (one device per node).
+        parallel=dict(backend=backend, grid=[1, 1], device_memory="4GiB",
+                      devices_per_node=1 if backend == "cuda" else 2),
         checkpoint=dict(every_steps=0, keep=2, resume="never"),
     )
     with open(path, "w") as f:
@@ -333,6 +338,7 @@ def main():
     ap.add_argument("--halotrain", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--mpirun", default="")
+    ap.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
     case = CASES[args.case]
     work = os.path.join(args.workdir, args.case)
@@ -356,19 +362,20 @@ def main():
 
     # (kind, grid, processes, activations); the second grid runs keep, offload and recompute.
     extra = case["grids"][1]
+    grids = case["grids"] if args.backend == "cpu" else [[1, 1], extra]
     runs = []
-    for g in case["grids"]:
+    for g in grids:
         runs.append(("local", g, None, "keep" if g == extra else None))
         if g == extra:
             runs += [("local", g, None, p) for p in POLICIES]
-    if args.mpirun:
+    if args.mpirun and args.backend == "cpu":
         runs += [("mpi", g, np_, None) for np_, g in case["mpi"]]
     failed = False
     keep_ckpt = None
     for kind, grid, nproc, policy in runs:
         tag = f"{kind}-{grid[0]}x{grid[1]}" + (f"-np{nproc}" if nproc else "") + (f"-{policy}" if policy else "")
         cfg = os.path.join(work, f"{tag}.yaml")
-        write_config(cfg, case, work, tag)
+        write_config(cfg, case, work, tag, args.backend)
         shutil.rmtree(os.path.join(work, "runs", tag), ignore_errors=True)  # a fresh run every time
         cmd = [args.halotrain, "train", cfg, "--set", f"parallel.grid=[{grid[0]},{grid[1]}]"]
         if policy:
