@@ -198,7 +198,8 @@ int run(int argc, char** argv) {
   }
   if (*plan) return cmd_plan(config_path, sets, json, html);
   if (*report) {
-    std::cout << "wrote " << report_run_dir(run_dir) << "\n";
+    const std::string page = report_run_dir(run_dir);
+    std::cout << "wrote " << page << "\n";
     return 0;
   }
   if (*train) return cmd_train(config_path, sets);

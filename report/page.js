@@ -46,7 +46,8 @@
                    plan.fits ? "plan fits" : "plan DOES NOT FIT"];
     if (run) {
       const steps = run.columns.step, loss = run.columns.loss;
-      parts.unshift(steps.length ? `step ${steps[steps.length - 1]} of ${run.total_steps}, loss ${Number(loss[loss.length - 1]).toFixed(4)}`
+      const last = loss[loss.length - 1];
+      parts.unshift(steps.length ? `step ${steps[steps.length - 1]} of ${run.total_steps}, loss ${last === null ? "not finite" : Number(last).toFixed(4)}`
                                  : `no step logged yet (of ${run.total_steps})`);
     }
     document.getElementById("summary").textContent = parts.join(" \u00b7 ") + ` \u00b7 written ${doc.generated}`;
@@ -84,7 +85,9 @@
     const datasets = [];
     let text;
     if (run.memory.length) {
-      datasets.push({ type: "bar", label: "measured peak", data: run.memory.map((m) => mib(m.peak_device_bytes)), backgroundColor: colors[0] });
+      const measured = new Map(run.memory.map((m) => [m.rank, mib(m.peak_device_bytes)]));
+      datasets.push({ type: "bar", label: "measured peak", data: plan.ranks.map((r) => (measured.has(r.rank) ? measured.get(r.rank) : null)),
+                      backgroundColor: colors[0] });
       const worst = Math.max(...run.memory.map((m) => Math.abs(m.peak_device_bytes - m.predicted_peak_device_bytes) / Math.max(m.predicted_peak_device_bytes, 1)));
       text = `measured within ${(100 * worst).toFixed(1)}% of the memory model (run_dir/memory.csv)`;
     } else {

@@ -124,8 +124,28 @@ json rect_json(const Rect& r) { return json::array({r.rows.lo, r.rows.hi, r.cols
 
 // The busiest rank's memory per layer, and the rectangles the shard map draws: every
 // shard's tile of the image, and per windowed layer its owned and needed input.
+// `text` with every byte that is not part of valid UTF-8 replaced by U+FFFD (a config or
+// path in Latin-1 must not stop the page).
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(text, i, n);
+      i += n;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
 json plan_part(const Config& config, const ShardPlan& plan) {
-  json part = json::parse(render_plan_json(config, plan));
+  json part = json::parse(valid_utf8(render_plan_json(config, plan)));
   const LayerPolicies policies = activation_policies(config, plan);
   const int busiest = estimate_memory_max(config, plan, policies).rank;
   const std::vector<LayerMemory> per_layer = layer_memory(config, plan, busiest, policies);
@@ -231,10 +251,11 @@ std::string run_info_json(const RunInfo& info) {
   return json({{"format", 1},
                {"config_path", info.config_path},
                {"config_text", info.config_text},
+               {"working_directory", info.working_directory},
                {"grid", {info.grid.rows, info.grid.cols}},
                {"world", info.world},
                {"total_steps", info.total_steps}})
-             .dump(2) +
+             .dump(2, ' ', false, json::error_handler_t::replace) +
          "\n";
 }
 
@@ -253,11 +274,13 @@ RunInfo parse_run_info(const std::string& text, const std::string& path) {
     RunInfo info;
     info.config_path = field("config_path").get<std::string>();
     info.config_text = field("config_text").get<std::string>();
+    if (j.contains("working_directory")) info.working_directory = j["working_directory"].get<std::string>();
     const json& grid = field("grid");
     if (!grid.is_array() || grid.size() != 2) throw ConfigError(fmt::format("{}: 'grid' is not [rows, cols]", path));
     info.grid = {grid[0].get<int>(), grid[1].get<int>()};
     info.world = field("world").get<int>();
     info.total_steps = field("total_steps").get<int64_t>();
+    if (info.total_steps < 0) throw ConfigError(fmt::format("{}: 'total_steps' is {}", path, info.total_steps));
     if (info.grid.rows < 1 || info.grid.cols < 1 || info.world < info.grid.rows * info.grid.cols)
       throw ConfigError(fmt::format("{}: grid [{}, {}] with world {} is not a plan", path, info.grid.rows,
                                     info.grid.cols, info.world));
@@ -279,7 +302,7 @@ std::string render_report_html(const Config& config, const ShardPlan& plan, cons
   if (run) doc["run"] = run_part(*run);
   // Inside <script type="application/json"> only "</script" and "<!--" could end or confuse
   // the block: no '<' survives (\u003c is the same string to JSON.parse).
-  std::string data = doc.dump();
+  std::string data = doc.dump(-1, ' ', false, json::error_handler_t::replace);
   for (size_t at = data.find('<'); at != std::string::npos; at = data.find('<', at)) data.replace(at, 1, "\\u003c");
 
   return fill(report_assets::page_html,

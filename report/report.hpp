@@ -45,6 +45,9 @@ struct Thumbnail {
   std::string missing;
 };
 
+// The header of run_dir/metrics.csv as the trainer writes it (SPEC section 6).
+constexpr const char* kMetricsHeader = "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes";
+
 // Parse run_dir's files. Throw ConfigError naming the file, the line and what was
 // expected: a missing header column, a field that is not a number, a row cut short (a file
 // that ends mid-line is refused: it was truncated or is being written by another writer).
@@ -63,6 +66,7 @@ struct RunRecord {
 // the run again (the config as given, the grid it ran on, the ranks, the steps it aims at).
 struct RunInfo {
   std::string config_text, config_path;
+  std::string working_directory;  // where relative paths of the config point from
   GridShape grid;
   int world = 1;
   int64_t total_steps = 0;

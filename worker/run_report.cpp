@@ -14,8 +14,11 @@
 #include "orchestrator/files.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/h5.hpp"
+#include "worker/log.hpp"
 
 namespace ht {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -27,10 +30,11 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// `path` if it is a readable file; "" if it does not exist; ConfigError for anything else
+// True if `path` is a readable file, false if it does not exist; ConfigError for anything else
 // (a directory, a FIFO, no permission): never opened when it could block.
 bool optional_file(const std::string& path) {
-  if (!std::filesystem::exists(path)) return false;
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec) return false;
   const std::string problem = input_file_problem(path);
   if (!problem.empty()) throw ConfigError(fmt::format("{}: {}", path, problem));
   return true;
@@ -78,7 +82,7 @@ Thumbnail read_thumbnail(const Config& config, const ModelSpec& model) {
     t.factor = f;
     t.pixels.resize(mean.size());
     for (size_t i = 0; i < mean.size(); ++i) t.pixels[i] = uint8_t(std::lround(255.0 * (mean[i] - *lo) / span));
-  } catch (const ConfigError& e) {
+  } catch (const std::exception& e) {  // the page is still worth having without its image
     t.pixels.clear();
     t.missing = e.what();
   }
@@ -103,9 +107,44 @@ void publish_page(const std::string& path, const std::string& html) {
   }
 }
 
-void write_run_info(const Config& config, const ShardPlan& plan, int64_t total_steps) {
-  const RunInfo info{config.text, config.source_path, {plan.grid_rows, plan.grid_cols}, plan.world(), total_steps};
-  publish_page(config.run_dir + "/run.json", run_info_json(info));
+std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64_t start_step,
+                              int64_t total_steps) {
+  const fs::path dir(config.run_dir);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    for (const char* prefix : {"report.html.tmp-", "run.json.tmp-", "metrics.csv.tmp-"})
+      if (name.rfind(prefix, 0) == 0) fs::remove(entry.path(), ec);
+  }
+  fs::remove(dir / "memory.csv", ec);
+
+  const std::string metrics = (dir / "metrics.csv").string();
+  std::string kept = std::string(kMetricsHeader) + "\n";
+  if (start_step > 0 && fs::is_regular_file(metrics, ec)) {
+    const std::string text = read_text(metrics);
+    size_t at = text.find('\n');
+    if (at != std::string::npos) kept = text.substr(0, at + 1);  // the header it was written with
+    while (at != std::string::npos) {
+      const size_t begin = at + 1, end = text.find('\n', begin);
+      if (end == std::string::npos) break;  // a row cut short by a crash
+      const std::string row = text.substr(begin, end - begin);
+      char* stop = nullptr;
+      const long long step = std::strtoll(row.c_str(), &stop, 10);
+      if (stop != row.c_str() && *stop == ',' && step <= start_step) kept += row + "\n";
+      at = end;
+    }
+  }
+  publish_page(metrics, kept);
+
+  try {
+    const RunInfo info{config.text, config.source_path, fs::current_path(ec).string(),
+                       {plan.grid_rows, plan.grid_cols}, plan.world(), total_steps};
+    publish_page((dir / "run.json").string(), run_info_json(info));
+  } catch (const std::exception& e) {
+    log().warn("{}/run.json not written ({}): halotrain report cannot plan this run again", config.run_dir,
+               e.what());
+  }
+  return metrics;
 }
 
 std::string write_run_report(const std::string& run_dir, const Config& config, const ShardPlan& plan,
@@ -125,10 +164,13 @@ std::string write_run_report(const std::string& run_dir, const Config& config, c
 }
 
 std::string report_run_dir(const std::string& run_dir) {
-  if (!std::filesystem::is_directory(run_dir))
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
     throw ConfigError(fmt::format("{}: {}", run_dir,
-                                  std::filesystem::exists(run_dir) ? "is not a directory; expected a run_dir"
-                                                                   : "does not exist; expected a run_dir"));
+                                  ec && ec != std::errc::no_such_file_or_directory
+                                      ? "cannot be read: " + ec.message()
+                                      : fs::exists(run_dir, ec) ? "is not a directory; expected a run_dir"
+                                                                : "does not exist; expected a run_dir"));
   const std::string info_path = run_dir + "/run.json";
   if (!optional_file(info_path))
     throw ConfigError(fmt::format(
@@ -136,13 +178,18 @@ std::string report_run_dir(const std::string& run_dir) {
         run_dir));
   const RunInfo info = parse_run_info(read_text(info_path), info_path);
   Config config;
+  ModelSpec model;
+  ShardPlan plan;
   try {
     config = parse_config(info.config_text, info.config_path);
+    model = build_model_spec(config);
+    plan = make_shard_plan(model, info.grid, info.world);
   } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: the config it holds no longer reads: {}", info_path, e.what()));
+    throw ConfigError(fmt::format("{}: the run it describes no longer plans: {}", info_path, e.what()));
   }
-  const ModelSpec model = build_model_spec(config);
-  const ShardPlan plan = make_shard_plan(model, info.grid, info.world);
+  // Relative data paths are the training's working directory's.
+  if (!config.data.train.empty() && fs::path(config.data.train).is_relative() && !info.working_directory.empty())
+    config.data.train = (fs::path(info.working_directory) / config.data.train).string();
   return write_run_report(run_dir, config, plan, info.total_steps, read_thumbnail(config, model));
 }
 

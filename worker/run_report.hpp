@@ -17,8 +17,14 @@ namespace ht {
 // once). A missing or unreadable file gives a Thumbnail with the reason in `missing`.
 Thumbnail read_thumbnail(const Config& config, const ModelSpec& model);
 
-// run_dir/run.json for this run (rank 0, when training starts).
-void write_run_info(const Config& config, const ShardPlan& plan, int64_t total_steps);
+// Rank 0, when training starts (after it holds run_dir's lock): makes the run directory's
+// files agree with `start_step`. metrics.csv keeps its header and its complete rows up to
+// that step (a resumed run logs the later steps again; a fresh run has none), memory.csv
+// (an earlier segment's peaks) and temporaries left by dead writers go, run.json is
+// written. Returns the path of metrics.csv, ready to append to. Throws ConfigError when
+// metrics.csv cannot be written; a failed run.json is only warned about.
+std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64_t start_step,
+                              int64_t total_steps);
 
 // Writes `html` to `path` through a temporary file and a rename: a reader sees the old page
 // or the whole new one. Throws ConfigError naming the path.

@@ -382,17 +382,11 @@ TrainSummary Trainer::run() {
   Reporter& r = *reporter_;
   r.total = total;
   if (rank_ == 0) {
-    const std::string path = config_.run_dir + "/metrics.csv";
-    const bool fresh = start_step_ == 0 || !std::filesystem::exists(path);
-    r.csv.open(path, fresh ? std::ios::trunc : std::ios::app);
+    r.csv.open(prepare_run_files(config_, plan_, start_step_, total), std::ios::app);
     if (!r.csv) throw ConfigError(fmt::format("run_dir {}: cannot write metrics.csv", config_.run_dir));
-    if (fresh) {
-      r.csv << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes\n";
-      std::filesystem::remove(config_.run_dir + "/memory.csv");  // an earlier run's
-    }
-    r.csv.flush();
     r.tty = isatty(fileno(stdout));
-    write_run_info(config_, plan_, total);
+    // The image is read now, while every rank is starting anyway, not at the first checkpoint.
+    refresh_report();
   }
   if (start_step_ >= total && rank_ == 0)
     log().info("nothing to train: the checkpoint is at step {} of {} (raise training.steps to go on)",

@@ -7,7 +7,8 @@ the DOM the page's script left behind and a screenshot.
   metrics.csv has rows, the shard map has one tile per shard of the grid and halo bands,
   the screenshot is not blank (--screenshot FILE keeps it: docs/report.png is this one);
 - the page references nothing outside itself;
-- it renders with one rank, with one step, and with val_* columns in metrics.csv;
+- it renders with one rank, with one step, with val_* columns in metrics.csv, and after a
+  resume (each step once in metrics.csv);
 - the trainer has refreshed report.html at a checkpoint while the run still trains;
 - `plan --html`: the plan panels alone;
 - bad input: a directory that is not a run, a metrics.csv cut mid-line: exit 1, one message
@@ -166,6 +167,12 @@ def screenshot_problems(png):
     return []
 
 
+def logged_rows(html):
+    """The number of metrics.csv rows in a page's data block."""
+    m = re.search(r'<script type="application/json" id="halotrain-data">(.*?)</script>', html, re.S)
+    return json.loads(m.group(1))["run"]["rows"] if m else -1
+
+
 def external_references(page):
     """Anything the page could load from elsewhere. URLs inside the inlined libraries'
     /*! licence banners */ are text, not references, and are removed first."""
@@ -197,6 +204,20 @@ def main():
     one_step = train("one_step", "training.steps=1", "checkpoint.every_steps=1")
     check_run_page("one step: renders, one point per curve", one_step)
 
+    # A resumed run logs the steps after its checkpoint again: metrics.csv keeps each step
+    # once (a crash's rows past the checkpoint and its cut last line are dropped).
+    resumed = train("resumed", "training.steps=10", "checkpoint.every_steps=5", "training.log_every=1")
+    os.remove(os.path.join(resumed, "checkpoints", "ckpt-10.h5"))
+    with open(os.path.join(resumed, "metrics.csv"), "a") as f:
+        f.write("11,0,0.6")
+    code, out = halotrain("train", os.path.join(ROOT, "configs", "demo.yaml"), "--set", f"run_dir={resumed}",
+                          "--set", "name=resumed", "--set", "data.train=demo.h5", "--set", "training.steps=10",
+                          "--set", "checkpoint.every_steps=5", "--set", "training.log_every=1")
+    steps = [int(r["step"]) for r in metrics_rows(resumed)]
+    check("resume: metrics.csv holds every step once, in order", code == 0 and steps == list(range(1, 11)),
+          f"exit {code} steps {steps} {out[-400:]}")
+    check_run_page("resume: the page has one point per step", resumed)
+
     # val_* columns (from validation) are drawn beside the loss, empty cells skipped.
     val = os.path.join(WORK, "with_val")
     shutil.rmtree(val, ignore_errors=True)
@@ -219,16 +240,18 @@ def main():
                              "--set", "data.train=demo.h5", "--set", "training.steps=400",
                              "--set", "checkpoint.every_steps=2"], cwd=WORK,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, seen = time.time() + 90, False
+    deadline, seen, complete = time.time() + 90, False, True
     while time.time() < deadline and proc.poll() is None and not seen:
-        seen = os.path.isfile(os.path.join(live, "report.html"))
         time.sleep(0.2)
+        if os.path.isfile(os.path.join(live, "report.html")):
+            text = open(os.path.join(live, "report.html")).read()
+            complete &= text.rstrip().endswith("</html>")  # never a half-written page
+            seen = logged_rows(text) > 0  # the page of the start has none
     running = proc.poll() is None
     proc.terminate()
     proc.wait(timeout=60)
-    complete = seen and open(os.path.join(live, "report.html")).read().rstrip().endswith("</html>")
-    check("report.html is written at a checkpoint while the run still trains", seen and running and complete,
-          f"seen {seen} running {running} complete {complete}")
+    check("report.html is rewritten at a checkpoint while the run still trains, always whole",
+          seen and running and complete, f"seen {seen} running {running} complete {complete}")
 
     # plan --html: before anything runs.
     plan_page = os.path.join(WORK, "plan.html")

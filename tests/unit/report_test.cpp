@@ -70,10 +70,11 @@ TEST(Report, MemoryRowsPerRank) {
 }
 
 TEST(Report, RunInfoRoundTripsAndNamesWhatIsWrong) {
-  const RunInfo in{"name: x\n", "cfg.yaml", {2, 3}, 12, 40};
+  const RunInfo in{"name: x\n", "cfg.yaml", "/work/here", {2, 3}, 12, 40};
   const RunInfo out = parse_run_info(run_info_json(in), "run.json");
   EXPECT_EQ(out.config_text, in.config_text);
   EXPECT_EQ(out.config_path, "cfg.yaml");
+  EXPECT_EQ(out.working_directory, "/work/here");
   EXPECT_EQ(out.grid.rows, 2);
   EXPECT_EQ(out.grid.cols, 3);
   EXPECT_EQ(out.world, 12);
@@ -129,6 +130,12 @@ TEST(Report, PageEscapesTheTitleAndKeepsTheDataInOneBlock) {
   EXPECT_EQ(doc["plan"]["shard_map"]["layers"].size(), 1u);  // the conv: the one windowed layer
   EXPECT_EQ(doc["image"]["missing"], "data/x.h5 does not exist");
   EXPECT_EQ(doc["run"]["columns"]["loss"][0], 0.5);
+
+  // A Latin-1 name (not UTF-8) still makes a page; the byte becomes U+FFFD.
+  c.name = "d\xe9mo";
+  const std::string latin1 = render_report_html(c, plan, &run, none);
+  EXPECT_NE(latin1.find("d\xef\xbf\xbdmo"), std::string::npos);
+  c.name = "plain";
 
   const std::string plan_page = render_report_html(c, plan, nullptr, none);
   const nlohmann::json plan_doc = nlohmann::json::parse(
