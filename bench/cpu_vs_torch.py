@@ -38,21 +38,9 @@ import time
 WARMUP = 2  # steps not timed: oneDNN primitive creation, first-touch of every buffer
 TIMED = 6
 
-# The demo model (configs/demo.yaml): conv/BN/ReLU/pool stack, global pool, dense.
-LAYERS = [
-    dict(type="conv2d", filters=8, kernel=3, padding="same", bias=False),
-    dict(type="batch_norm", momentum=0.9),
-    dict(type="relu"),
-    dict(type="max_pool2d", pool=4),
-    dict(type="conv2d", filters=16, kernel=3, padding="same", bias=False),
-    dict(type="batch_norm", momentum=0.9),
-    dict(type="relu"),
-    dict(type="max_pool2d", pool=2),
-    dict(type="conv2d", filters=16, kernel=3, padding="same"),
-    dict(type="relu"),
-    dict(type="global_avg_pool"),
-    dict(type="dense", units=2),
-]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import DEMO as LAYERS, torch_sequential  # noqa: E402
+
 CLASSES = 2
 LR = 0.003
 
@@ -128,27 +116,7 @@ def torch_worker(data, h, w, batch, steps, threads):
     with h5py.File(data, "r") as f:
         images = np.ascontiguousarray(f["images"][...].transpose(0, 3, 1, 2), dtype=np.float32)
         labels = f["labels"][...].astype(np.int64)
-    mods, c = [], 1
-    for l in LAYERS:
-        t = l["type"]
-        if t == "conv2d":
-            assert l["kernel"] % 2 == 1 and l["padding"] == "same"  # stride 1: symmetric
-            mods.append(nn.Conv2d(c, l["filters"], l["kernel"], padding=l["kernel"] // 2,
-                                  bias=l.get("bias", True)))
-            c = l["filters"]
-        elif t == "batch_norm":
-            mods.append(nn.BatchNorm2d(c, eps=1e-3, momentum=1 - l["momentum"]))
-        elif t == "relu":
-            mods.append(nn.ReLU())
-        elif t == "max_pool2d":
-            mods.append(nn.MaxPool2d(l["pool"]))
-        elif t == "global_avg_pool":
-            mods.append(nn.AdaptiveAvgPool2d(1))
-            mods.append(nn.Flatten())
-        elif t == "dense":
-            mods.append(nn.Linear(c, l["units"]))
-            c = l["units"]
-    model = nn.Sequential(*mods)
+    model = torch_sequential(LAYERS)
     opt = torch.optim.Adam(model.parameters(), lr=LR, eps=1e-7)
     n = images.shape[0]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -28,31 +28,8 @@ import time
 
 WARMUP = 3  # cuDNN algorithm search, first touch of every buffer
 
-DEMO = [
-    dict(type="conv2d", filters=8, kernel=3, padding="same", bias=False),
-    dict(type="batch_norm", momentum=0.9),
-    dict(type="relu"),
-    dict(type="max_pool2d", pool=4),
-    dict(type="conv2d", filters=16, kernel=3, padding="same", bias=False),
-    dict(type="batch_norm", momentum=0.9),
-    dict(type="relu"),
-    dict(type="max_pool2d", pool=2),
-    dict(type="conv2d", filters=16, kernel=3, padding="same"),
-    dict(type="relu"),
-    dict(type="global_avg_pool"),
-    dict(type="dense", units=2),
-]
-
-
-def seed_block(filters, bias=False):
-    return [dict(type="conv2d", filters=filters, kernel=3, padding="same", bias=bias),
-            dict(type="batch_norm"), dict(type="relu"), dict(type="max_pool2d", pool=2)]
-
-
-# configs/seed-k80.yaml's layers.
-SEED = (seed_block(12) + seed_block(16) + seed_block(32) + seed_block(64) + seed_block(128) +
-        [dict(type="conv2d", filters=128, kernel=3, padding="same"), dict(type="relu"),
-         dict(type="global_avg_pool"), dict(type="dense", units=2)])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import DEMO, SEED, torch_sequential  # noqa: E402
 
 MODELS = [("demo 1024x768 b4", DEMO, 1024, 768, 4), ("seed model 2048x2048 b2", SEED, 2048, 2048, 2)]
 
@@ -86,24 +63,7 @@ def torch_step(layers, h, w, batch, steps):
     import torch.nn as nn
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
-    mods, c = [], 1
-    for l in layers:
-        t = l["type"]
-        if t == "conv2d":
-            mods.append(nn.Conv2d(c, l["filters"], l["kernel"], padding=l["kernel"] // 2, bias=l.get("bias", True)))
-            c = l["filters"]
-        elif t == "batch_norm":
-            mods.append(nn.BatchNorm2d(c, eps=1e-3, momentum=1 - l.get("momentum", 0.99)))
-        elif t == "relu":
-            mods.append(nn.ReLU())
-        elif t == "max_pool2d":
-            mods.append(nn.MaxPool2d(l["pool"]))
-        elif t == "global_avg_pool":
-            mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-        elif t == "dense":
-            mods.append(nn.Linear(c, l["units"]))
-            c = l["units"]
-    model = nn.Sequential(*mods).to(dev)
+    model = torch_sequential(layers).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-7)
     x = torch.rand(batch, 1, h, w, device=dev)
     y = torch.randint(0, 2, (batch,), device=dev)

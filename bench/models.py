@@ -1,0 +1,54 @@
+"""The models the benchmarks train, in the YAML spelling of SPEC section 3, and the same
+model as a torch.nn.Sequential (stride-1 'same' convolutions, Keras-style batch norm)."""
+
+# configs/demo.yaml's layers.
+DEMO = [
+    dict(type="conv2d", filters=8, kernel=3, padding="same", bias=False),
+    dict(type="batch_norm", momentum=0.9),
+    dict(type="relu"),
+    dict(type="max_pool2d", pool=4),
+    dict(type="conv2d", filters=16, kernel=3, padding="same", bias=False),
+    dict(type="batch_norm", momentum=0.9),
+    dict(type="relu"),
+    dict(type="max_pool2d", pool=2),
+    dict(type="conv2d", filters=16, kernel=3, padding="same"),
+    dict(type="relu"),
+    dict(type="global_avg_pool"),
+    dict(type="dense", units=2),
+]
+
+
+def _seed_block(filters):
+    return [dict(type="conv2d", filters=filters, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm"), dict(type="relu"), dict(type="max_pool2d", pool=2)]
+
+
+# configs/seed-k80.yaml's layers.
+SEED = (_seed_block(12) + _seed_block(16) + _seed_block(32) + _seed_block(64) + _seed_block(128) +
+        [dict(type="conv2d", filters=128, kernel=3, padding="same"), dict(type="relu"),
+         dict(type="global_avg_pool"), dict(type="dense", units=2)])
+
+
+def torch_sequential(layers, channels=1):
+    import torch.nn as nn
+    mods, c = [], channels
+    for l in layers:
+        t = l["type"]
+        if t == "conv2d":
+            assert l["kernel"] % 2 == 1 and l["padding"] == "same"  # stride 1: symmetric
+            mods.append(nn.Conv2d(c, l["filters"], l["kernel"], padding=l["kernel"] // 2, bias=l.get("bias", True)))
+            c = l["filters"]
+        elif t == "batch_norm":
+            mods.append(nn.BatchNorm2d(c, eps=1e-3, momentum=1 - l.get("momentum", 0.99)))
+        elif t == "relu":
+            mods.append(nn.ReLU())
+        elif t == "max_pool2d":
+            mods.append(nn.MaxPool2d(l["pool"]))
+        elif t == "global_avg_pool":
+            mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        elif t == "dense":
+            mods.append(nn.Linear(c, l["units"]))
+            c = l["units"]
+        else:
+            raise ValueError(f"bench/models.py: no torch equivalent for layer type {t}")
+    return nn.Sequential(*mods)
