@@ -423,12 +423,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   const std::string problem = input_file_problem(path);
   if (problem == "does not exist") throw ConfigError(fmt::format("{}: config file not found", path));
   if (!problem.empty()) throw ConfigError(fmt::format("{}: {} (the config file)", path, problem));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read config file: {}", path, std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file: {}", path, std::strerror(errno)));
-  return parse_config(text.str(), path, overrides);
+  return parse_config(read_text_file(path), path, overrides);
 }
 
 std::optional<int64_t> slurm_time_seconds(const std::string& text) { return slurm_seconds(text); }

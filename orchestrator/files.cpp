@@ -7,8 +7,20 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "orchestrator/config.hpp"  // ConfigError
 
 namespace ht {
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) throw ConfigError(fmt::format("{}: cannot be read: {}", path, std::strerror(errno)));
+  return text.str();
+}
 
 std::string input_file_problem(const std::string& path) {
   if (path.empty()) return "is empty: no file given";

@@ -14,6 +14,10 @@ namespace ht {
 // opens the file, so it cannot block.
 std::string input_file_problem(const std::string& path);
 
+// The whole of `path` (callers check input_file_problem first: this opens it). Throws
+// ConfigError "<path>: cannot be read: <the system's reason>".
+std::string read_text_file(const std::string& path);
+
 // Creates `dir` (and its parents) when missing and checks that it is a directory this
 // process can write; "" when it is, else why not (with the system's reason).
 std::string writable_directory_problem(const std::string& dir);

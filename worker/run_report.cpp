@@ -22,14 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in && !in.eof()) throw ConfigError(fmt::format("{}: cannot be read: {}", path, std::strerror(errno)));
-  return text.str();
-}
-
 // True if `path` is a readable file, false if it does not exist; ConfigError for anything else
 // (a directory, a FIFO, no permission): never opened when it could block.
 bool optional_file(const std::string& path) {
@@ -121,7 +113,7 @@ std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64
   const std::string metrics = (dir / "metrics.csv").string();
   std::string kept = std::string(kMetricsHeader) + "\n";
   if (start_step > 0 && fs::is_regular_file(metrics, ec)) {
-    const std::string text = read_text(metrics);
+    const std::string text = read_text_file(metrics);
     size_t at = text.find('\n');
     if (at != std::string::npos) kept = text.substr(0, at + 1);  // the header it was written with
     while (at != std::string::npos) {
@@ -155,9 +147,9 @@ std::string write_run_report(const std::string& run_dir, const Config& config, c
   const std::string metrics = run_dir + "/metrics.csv";
   if (!optional_file(metrics))
     throw ConfigError(fmt::format("{}: no metrics.csv: this run has not logged a step yet", run_dir));
-  run.metrics = parse_metrics_csv(read_text(metrics), metrics);
+  run.metrics = parse_metrics_csv(read_text_file(metrics), metrics);
   const std::string memory = run_dir + "/memory.csv";
-  if (optional_file(memory)) run.memory = parse_memory_csv(read_text(memory), memory);
+  if (optional_file(memory)) run.memory = parse_memory_csv(read_text_file(memory), memory);
   const std::string path = run_dir + "/report.html";
   publish_page(path, render_report_html(config, plan, &run, image));
   return path;
@@ -176,7 +168,7 @@ std::string report_run_dir(const std::string& run_dir) {
     throw ConfigError(fmt::format(
         "{}: not a halotrain run directory: it has no run.json (halotrain train writes it when a run starts)",
         run_dir));
-  const RunInfo info = parse_run_info(read_text(info_path), info_path);
+  const RunInfo info = parse_run_info(read_text_file(info_path), info_path);
   Config config;
   ModelSpec model;
   ShardPlan plan;
