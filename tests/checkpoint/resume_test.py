@@ -10,7 +10,6 @@
 
 usage: resume_test.py HALOTRAIN WORKDIR
 """
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,9 @@ import sys
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from configs import write_config  # noqa: E402
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 RESULTS = []
@@ -46,16 +48,7 @@ def config(tag, **over):
         parallel=dict(grid=[2, 1]),
         checkpoint=dict(every_steps=100, keep=10, resume="auto"),
     )
-    for k, v in over.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = v
-    path = os.path.join(WORK, tag + ".yaml")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
+    return write_config(WORK, tag, cfg, over)
 
 
 def train(cfg, *sets, env=None):

@@ -18,7 +18,6 @@ One check per class of defect:
 usage: robustness_test.py HALOTRAIN WORKDIR
 Every run has a timeout, so a regression that hangs fails instead of blocking CI.
 """
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,9 @@ import time
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from configs import write_config  # noqa: E402
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 RESULTS = []
@@ -52,16 +54,18 @@ def config(tag, **over):
         parallel=dict(grid=[2, 1], device_memory="1GiB"),
         checkpoint=dict(every_steps=1, keep=5, resume="auto"),
     )
-    for k, v in over.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = v
-    path = os.path.join(WORK, tag + ".yaml")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
+    return write_config(WORK, tag, cfg, over)
+
+
+def finish(proc, timeout=60):
+    """(exit code, or "timeout" after killing it; output) of a process started with stdout=PIPE."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "timeout", ""
 
 
 def halotrain(*args, timeout=TIMEOUT):
@@ -221,18 +225,12 @@ def signal_cases():
                              "recycle.every_steps": 20, "recycle.mode": "restart"})
         proc = subprocess.Popen([BIN, "train", cfg], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        try:
-            started = wait_for(lambda: len(ckpts(tag)) >= 2, 60)  # two restarts happened
-            if how == "supervisor":
-                proc.send_signal(signal.SIGTERM)
-            else:
-                os.killpg(proc.pid, signal.SIGTERM)
-            out, _ = proc.communicate(timeout=60)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, code = b"", "timeout"
-        out = out.decode(errors="replace")
+        started = wait_for(lambda: len(ckpts(tag)) >= 2, 60)  # two restarts happened
+        if how == "supervisor":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, out = finish(proc)
         orphan = wait_for(lambda: not process_alive(cfg), 10) is False
         check(f"SIGTERM to the restart {how}: the worker stops with a checkpoint, exit 3, no orphan",
               started and code == 3 and not orphan and "stopped after step" in out,
@@ -245,13 +243,7 @@ def signal_cases():
     wait_for(lambda: os.path.exists(os.path.join(WORK, "sigint", "metrics.csv")), 30)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=60)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, code = b"", "timeout"
-    out = out.decode(errors="replace")
+    code, out = finish(proc)
     files = ckpts("sigint")
     # Steps are fast: periodic checkpoints (multiples of 1000) may come first; the stop's own
     # checkpoint is the newest, at a step of its own.
