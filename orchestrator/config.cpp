@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -190,19 +191,41 @@ void read_model(const MapReader& root, ModelConfig& m) {
                         {LossType::SoftmaxCrossEntropy, LossType::SigmoidBCE, LossType::MSE});
 }
 
+void read_augment(const Item& it, AugmentConfig& a) {
+  if (!it.present || it.node.IsNull()) return;
+  MapReader r(it, {"flip", "crop"});
+  if (Item flip = r["flip"]; flip.present && !flip.node.IsNull()) {
+    if (!flip.node.IsSequence()) flip.expected("a list of horizontal and/or vertical");
+    for (size_t i = 0; i < flip.node.size(); ++i) {
+      const Item axis = flip.element(i);
+      (cfg::as_choice(axis, {"horizontal", "vertical"}) == 0 ? a.flip_horizontal : a.flip_vertical) = true;
+    }
+  }
+  if (Item crop = r["crop"]; crop.present && !crop.node.IsNull()) {
+    const char* what = "[height, width] (integers >= 1), the window model.input takes";
+    if (!crop.node.IsSequence() || crop.node.size() != 2) crop.expected(what);
+    a.crop_height = int(cfg::as_int(crop.element(0), 1, kIntMax));
+    a.crop_width = int(cfg::as_int(crop.element(1), 1, kIntMax));
+  }
+}
+
 void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   Item data_item = root["data"];
   if (!data_item.present) data_item.missing("a map with at least `train: FILE.h5`");
-  MapReader r(data_item, {"train", "images", "targets", "scale", "shuffle", "synthesize"});
+  MapReader r(data_item,
+              {"train", "validation", "images", "targets", "scale", "shuffle", "downsample", "augment", "synthesize"});
   if (!r.has("train")) r["train"].missing("the path of the HDF5 training file");
   d.train = r.get_string("train", "");
   d.images = r.get_string("images", d.images);
   d.targets = r.get_string("targets", d.targets);
   d.scale = r.get_positive("scale", d.scale);
   d.shuffle = r.get_bool("shuffle", d.shuffle);
+  d.validation = cfg::as_nullable_string(r["validation"]).value_or("");
+  d.downsample = int(r.get_int("downsample", d.downsample, 1, kIntMax));
+  read_augment(r["augment"], d.augment);
   Item syn = r["synthesize"];
   if (!syn.present || syn.node.IsNull()) return;
-  MapReader s(syn, {"count", "height", "width", "channels", "classes", "masks"}, {}, false);
+  MapReader s(syn, {"count", "height", "width", "channels", "classes", "masks", "validation_count"}, {}, false);
   SynthesizeConfig c;
   c.count = int(s.get_int("count", c.count, 1, kIntMax));
   c.height = int(s.get_int("height", c.height, 1, kIntMax));
@@ -210,6 +233,7 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   c.channels = int(s.get_int("channels", c.channels, 1, kIntMax));
   c.classes = int(s.get_int("classes", c.classes, 1, kIntMax));
   c.masks = s.get_bool("masks", c.masks);
+  c.validation_count = int(s.get_int("validation_count", c.validation_count, 0, kIntMax));
   if (loss == LossType::SoftmaxCrossEntropy && c.masks)
     s["masks"].fail(fmt::format("{}: model.loss softmax_cross_entropy trains on class labels, so masks must be "
                                 "false, found true",
@@ -242,9 +266,39 @@ void read_optimizer(const Item& it, OptimizerConfig& o) {
   }
 }
 
+void read_lr_schedule(const Item& it, LrSchedule& s) {
+  if (!it.present || it.node.IsNull()) return;
+  if (!it.node.IsMap()) it.expected("a map such as {type: cosine, warmup_steps: 100}");
+  const Item type_item = peek(it, "type");
+  if (!type_item.present) type_item.missing("one of constant | cosine | step");
+  const std::vector<ScheduleType> types = {ScheduleType::Constant, ScheduleType::Cosine, ScheduleType::Step};
+  s.type = types.at(cfg::as_choice(type_item, {"constant", "cosine", "step"}));
+  const std::map<ScheduleType, std::vector<std::string>> keys = {
+      {ScheduleType::Constant, {"type"}},
+      {ScheduleType::Cosine, {"type", "warmup_steps", "min_lr"}},
+      {ScheduleType::Step, {"type", "every", "factor"}}};
+  const std::vector<std::string>& allowed = keys.at(s.type);
+  auto foreign = [&](const std::string& key) -> std::optional<std::string> {
+    for (const auto& [type, ks] : keys)
+      if (std::find(ks.begin(), ks.end(), key) != ks.end())
+        return fmt::format("is not allowed with type {} (it is a setting of {}); allowed keys: {}",
+                           to_string(s.type), to_string(type), cfg::join(allowed, ", "));
+    return std::nullopt;
+  };
+  MapReader r(it, allowed, foreign, false);
+  if (s.type == ScheduleType::Cosine) {
+    s.warmup_steps = r.get_int("warmup_steps", s.warmup_steps, 0, kI64Max);
+    s.min_lr = r.get_nonneg("min_lr", s.min_lr);
+  } else if (s.type == ScheduleType::Step) {
+    s.every = r.get_int("every", s.every, 1, kI64Max);
+    s.factor = r.get_positive("factor", s.factor);
+  }
+}
+
 void read_training(const MapReader& root, TrainingConfig& t) {
   MapReader r(root["training"],
-              {"batch_size", "steps", "epochs", "optimizer", "init_weights", "init_by_name", "log_every"});
+              {"batch_size", "steps", "epochs", "optimizer", "init_weights", "init_by_name", "log_every",
+               "validate_every", "metrics", "lr_schedule", "weight_decay", "accumulate"});
   t.batch_size = int(r.get_int("batch_size", t.batch_size, 1, kIntMax));
   t.steps = r.get_int("steps", 0, 0, kI64Max);
   t.epochs = r.get_int("epochs", 0, 0, kI64Max);
@@ -259,6 +313,24 @@ void read_training(const MapReader& root, TrainingConfig& t) {
   t.init_weights = cfg::as_nullable_string(r["init_weights"]).value_or("");
   t.init_by_name = r.get_bool("init_by_name", t.init_by_name);
   t.log_every = int(r.get_int("log_every", t.log_every, 1, kIntMax));
+  t.validate_every = r.get_int("validate_every", t.validate_every, 0, kI64Max);
+  if (Item m = r["metrics"]; m.present && !m.node.IsNull()) {
+    if (!m.node.IsSequence()) m.expected("a list such as [accuracy, auc] (labels) or [dice, iou] (masks)");
+    t.metrics.clear();
+    const std::vector<Metric> all = {Metric::Accuracy, Metric::AUC, Metric::Dice, Metric::IoU};
+    for (size_t i = 0; i < m.node.size(); ++i) {
+      const Metric metric = all.at(cfg::as_choice(m.element(i), {"accuracy", "auc", "dice", "iou"}));
+      if (std::find(t.metrics.begin(), t.metrics.end(), metric) != t.metrics.end())
+        m.element(i).fail(fmt::format("{}: {} is listed twice", m.element(i).path, to_string(metric)));
+      t.metrics.push_back(metric);
+    }
+  }
+  read_lr_schedule(r["lr_schedule"], t.lr_schedule);
+  t.weight_decay = r.get_nonneg("weight_decay", t.weight_decay);
+  t.accumulate = int(r.get_int("accumulate", t.accumulate, 1, kIntMax));
+  if (t.batch_size % t.accumulate != 0)
+    r["accumulate"].fail(fmt::format("{}: {} micro-batches must divide training.batch_size {}", r["accumulate"].path,
+                                     t.accumulate, t.batch_size));
 }
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
@@ -380,6 +452,11 @@ Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
   read_data(root, c.model.loss, c.data);
   read_training(root, c.training);
   read_parallel(root, c.parallel);
+  const AugmentConfig& a = c.data.augment;
+  if (a.crops() && (a.crop_height != c.model.height || a.crop_width != c.model.width))
+    root["data"].fail(fmt::format("data.augment.crop: the window [{}, {}] must equal model.input's [{}, {}] (the "
+                                  "crop is what the model takes)",
+                                  a.crop_height, a.crop_width, c.model.height, c.model.width));
 
   MapReader ck(root["checkpoint"], {"every_steps", "keep", "resume"});
   c.checkpoint.every_steps = ck.get_int("every_steps", c.checkpoint.every_steps, 0, kI64Max);
@@ -427,5 +504,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 std::optional<int64_t> slurm_time_seconds(const std::string& text) { return slurm_seconds(text); }
+
+double scheduled_lr(const LrSchedule& s, double lr, int64_t step, int64_t total_steps) {
+  switch (s.type) {
+    case ScheduleType::Constant: return lr;
+    case ScheduleType::Cosine: {
+      if (step < s.warmup_steps) return lr * double(step + 1) / double(s.warmup_steps);
+      const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));
+      const double t = std::min(double(step - s.warmup_steps) / span, 1.0);
+      return s.min_lr + (lr - s.min_lr) * 0.5 * (1 + std::cos(M_PI * t));
+    }
+    case ScheduleType::Step: return lr * std::pow(s.factor, double(step / s.every));
+  }
+  return lr;
+}
 
 }  // namespace ht

@@ -22,6 +22,8 @@ enum class OptimizerType { Adam, SGD };
 enum class Backend { CPU, CUDA };
 enum class ActivationPolicy { Auto, Keep, Offload, Recompute };
 enum class RecycleMode { InProcess, Restart };
+enum class Metric { Accuracy, AUC, Dice, IoU };
+enum class ScheduleType { Constant, Cosine, Step };
 
 const char* to_string(LayerType t);        // the YAML spelling: "conv2d", "batch_norm", ...
 const char* to_string(PaddingMode m);      // "explicit", "same", "valid"
@@ -30,6 +32,8 @@ const char* to_string(OptimizerType t);
 const char* to_string(Backend b);
 const char* to_string(ActivationPolicy p);
 const char* to_string(RecycleMode m);
+const char* to_string(Metric m);           // "accuracy", "auc", "dice", "iou"
+const char* to_string(ScheduleType t);     // "constant", "cosine", "step"
 
 struct Padding {
   PaddingMode mode = PaddingMode::Valid;
@@ -63,14 +67,26 @@ struct SynthesizeConfig {
   int channels = 1;
   int classes = 2;     // labels in [0, classes)
   bool masks = false;  // write masks [N,H,W,1] instead of labels
+  int validation_count = 0;  // images of data.validation when it is made too (0: count / 4, at least 1)
+};
+
+// Training-only random changes of each image, a function of (seed, step, image index).
+struct AugmentConfig {
+  bool flip_horizontal = false;  // mirror the columns, probability 1/2
+  bool flip_vertical = false;    // mirror the rows, probability 1/2
+  int crop_height = 0, crop_width = 0;  // 0: no crop; else a random window of this size
+  bool crops() const { return crop_height > 0; }
 };
 
 struct DataConfig {
   std::string train;  // resolved relative to the working directory
+  std::string validation;  // empty: none
   std::string images = "images";
   std::string targets = "labels";
   double scale = 1.0;
   bool shuffle = true;
+  int downsample = 1;  // integer box average on read
+  AugmentConfig augment;
   std::optional<SynthesizeConfig> synthesize;
 };
 
@@ -87,6 +103,18 @@ struct OptimizerConfig {
   double momentum = 0.0;                              // sgd
 };
 
+// The learning rate of step t (0-based) of T, from the optimizer's lr (SPEC section 8):
+// constant; cosine: linear warmup lr*(t+1)/W for t < W, then min_lr + (lr - min_lr) *
+// (1 + cos(pi*(t-W)/(T-W)))/2; step: lr * factor^floor(t/every).
+struct LrSchedule {
+  ScheduleType type = ScheduleType::Constant;
+  int64_t warmup_steps = 0;  // cosine
+  double min_lr = 0;         // cosine
+  int64_t every = 1000;      // step
+  double factor = 0.5;       // step
+};
+double scheduled_lr(const LrSchedule& schedule, double lr, int64_t step, int64_t total_steps);
+
 struct TrainingConfig {
   int batch_size = 2;
   int64_t steps = 0;   // total optimizer steps; when 0, `epochs` decides
@@ -95,6 +123,11 @@ struct TrainingConfig {
   std::string init_weights;  // empty: none
   bool init_by_name = false;
   int log_every = 10;  // one plain log line per this many steps when not on a TTY
+  int64_t validate_every = 0;  // steps; 0: at the end only (when data.validation is set)
+  std::vector<Metric> metrics{Metric::Accuracy};
+  LrSchedule lr_schedule;
+  double weight_decay = 0;  // adam: decoupled (AdamW); sgd: L2 added to the gradient
+  int accumulate = 1;       // micro-batches per optimizer step
 };
 
 struct ParallelConfig {

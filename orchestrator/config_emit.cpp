@@ -56,6 +56,25 @@ const char* to_string(ActivationPolicy p) {
 
 const char* to_string(RecycleMode m) { return m == RecycleMode::InProcess ? "in_process" : "restart"; }
 
+const char* to_string(Metric m) {
+  switch (m) {
+    case Metric::Accuracy: return "accuracy";
+    case Metric::AUC: return "auc";
+    case Metric::Dice: return "dice";
+    case Metric::IoU: return "iou";
+  }
+  return "?";
+}
+
+const char* to_string(ScheduleType t) {
+  switch (t) {
+    case ScheduleType::Constant: return "constant";
+    case ScheduleType::Cosine: return "cosine";
+    case ScheduleType::Step: return "step";
+  }
+  return "?";
+}
+
 namespace {
 
 struct Unit {
@@ -187,10 +206,23 @@ std::string to_yaml(const Config& c) {
   const DataConfig& d = c.data;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "train" << YAML::Value << Q{d.train};
+  key_nullable(out, "validation", d.validation);
   out << YAML::Key << "images" << YAML::Value << Q{d.images};
   out << YAML::Key << "targets" << YAML::Value << Q{d.targets};
   out << YAML::Key << "scale" << YAML::Value << num(d.scale);
   out << YAML::Key << "shuffle" << YAML::Value << d.shuffle;
+  out << YAML::Key << "downsample" << YAML::Value << d.downsample;
+  out << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "flip" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  if (d.augment.flip_horizontal) out << "horizontal";
+  if (d.augment.flip_vertical) out << "vertical";
+  out << YAML::EndSeq;
+  out << YAML::Key << "crop" << YAML::Value;
+  if (d.augment.crops())
+    out << YAML::Flow << YAML::BeginSeq << d.augment.crop_height << d.augment.crop_width << YAML::EndSeq;
+  else
+    out << YAML::Null;
+  out << YAML::EndMap;
   out << YAML::Key << "synthesize" << YAML::Value;
   if (!d.synthesize) {
     out << YAML::Null;
@@ -199,7 +231,8 @@ std::string to_yaml(const Config& c) {
     out << YAML::Flow << YAML::BeginMap << YAML::Key << "count" << YAML::Value << s.count << YAML::Key << "height"
         << YAML::Value << s.height << YAML::Key << "width" << YAML::Value << s.width << YAML::Key << "channels"
         << YAML::Value << s.channels << YAML::Key << "classes" << YAML::Value << s.classes << YAML::Key << "masks"
-        << YAML::Value << s.masks << YAML::EndMap;
+        << YAML::Value << s.masks << YAML::Key << "validation_count" << YAML::Value << s.validation_count
+        << YAML::EndMap;
   }
   out << YAML::EndMap;
 
@@ -230,6 +263,21 @@ std::string to_yaml(const Config& c) {
   key_nullable(out, "init_weights", t.init_weights);
   out << YAML::Key << "init_by_name" << YAML::Value << t.init_by_name;
   out << YAML::Key << "log_every" << YAML::Value << t.log_every;
+  out << YAML::Key << "validate_every" << YAML::Value << t.validate_every;
+  out << YAML::Key << "metrics" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (Metric m : t.metrics) out << to_string(m);
+  out << YAML::EndSeq;
+  const LrSchedule& ls = t.lr_schedule;
+  out << YAML::Key << "lr_schedule" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << to_string(ls.type);
+  if (ls.type == ScheduleType::Cosine)
+    out << YAML::Key << "warmup_steps" << YAML::Value << ls.warmup_steps << YAML::Key << "min_lr" << YAML::Value
+        << num(ls.min_lr);
+  if (ls.type == ScheduleType::Step)
+    out << YAML::Key << "every" << YAML::Value << ls.every << YAML::Key << "factor" << YAML::Value << num(ls.factor);
+  out << YAML::EndMap;
+  out << YAML::Key << "weight_decay" << YAML::Value << num(t.weight_decay);
+  out << YAML::Key << "accumulate" << YAML::Value << t.accumulate;
   out << YAML::EndMap;
 
   const ParallelConfig& p = c.parallel;

@@ -204,6 +204,13 @@ double as_double_positive(const Item& item) {
   return v;
 }
 
+double as_double_nonneg(const Item& item) {
+  const char* what = "a number >= 0";
+  const double v = as_double(item, what);
+  if (!(v >= 0) || !std::isfinite(v)) item.expected(what);
+  return v;
+}
+
 double as_double_unit(const Item& item) {
   const char* what = "a number in [0, 1)";
   const double v = as_double(item, what);
@@ -305,6 +312,11 @@ bool MapReader::get_bool(const std::string& key, bool def) const {
 double MapReader::get_positive(const std::string& key, double def) const {
   Item it = (*this)[key];
   return it.present ? as_double_positive(it) : def;
+}
+
+double MapReader::get_nonneg(const std::string& key, double def) const {
+  Item it = (*this)[key];
+  return it.present ? as_double_nonneg(it) : def;
 }
 
 double MapReader::get_unit(const std::string& key, double def) const {

@@ -19,6 +19,7 @@
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"
+#include "worker/inference.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
@@ -32,12 +33,20 @@ namespace {
 
 using namespace ht;
 
-int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json, const std::string& html) {
+int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json, const std::string& html,
+             const std::string& mode) {
   Config config = load_config(path, sets);
   const ModelSpec model = build_model_spec(config);
   GridShape grid{config.parallel.grid_rows, config.parallel.grid_cols};
   if (config.parallel.grid_auto) grid = choose_grid(config, model);
   const ShardPlan plan = make_shard_plan(model, grid);
+  if (mode == "predict") {
+    std::cout << render_predict_plan(config, plan, json);
+    const std::string verdict = predict_fit_verdict(config, plan);
+    if (verdict.empty()) return 0;
+    std::cerr << "halotrain plan: " << verdict << "\n";
+    return 1;
+  }
   std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
   if (!html.empty()) {
     publish_page(html, render_report_html(config, plan, nullptr, read_thumbnail(config, model)));
@@ -131,6 +140,37 @@ int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
   return 0;
 }
 
+// This process's MPI rank (0 outside MPI): one rank prints a collective command's result.
+int mpi_rank() {
+  int initialized = 0, rank = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int cmd_evaluate(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
+                 const std::string& data) {
+  const Config config = load_config(path, sets);
+  const EvaluationResult r = run_evaluation(config, checkpoint, data);
+  if (mpi_rank() == 0) {
+    std::string line = fmt::format("{} (step {}) on {}, {} images:", r.checkpoint, r.step, r.data, r.images);
+    for (const auto& [name, v] : r.values) line += fmt::format(" {} {:.6f}", name, v);
+    std::cout << line << "\nwrote " << r.json << "\n";
+  }
+  return 0;
+}
+
+int cmd_predict(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
+                const std::string& input, const std::string& output) {
+  const Config config = load_config(path, sets);
+  const PredictionResult r = run_prediction(config, checkpoint, input, output);
+  if (mpi_rank() == 0)
+    std::cout << fmt::format("wrote {}: predictions {} (float32); peak device memory {} B, predicted {} B\n", output,
+                             fmt::format("[{}]", fmt::join(r.shape, ", ")), r.peak_device_bytes,
+                             r.predicted_peak_device_bytes);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"halotrain: trains CNNs on images too large for one device, sharded spatially"};
   app.require_subcommand(1);
@@ -148,6 +188,23 @@ int run(int argc, char** argv) {
   plan->add_flag("--json", json, "print JSON");
   std::string html;
   plan->add_option("--html", html, "also write the plan as a self-contained HTML page to this file");
+  std::string mode = "train";
+  plan->add_option("--mode", mode, "train (default) or predict: the memory of inference")
+      ->check(CLI::IsMember({"train", "predict"}));
+
+  std::string checkpoint, eval_data, input, output;
+  auto* evaluate = app.add_subcommand("evaluate", "loss and metrics of a checkpoint over a whole file");
+  evaluate->add_option("CONFIG", config_path, "YAML config")->required();
+  evaluate->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
+  evaluate->add_option("--checkpoint", checkpoint, "checkpoint (default: the newest valid one in run_dir)");
+  evaluate->add_option("--data", eval_data, "HDF5 file with images and targets (default: data.validation)");
+
+  auto* predict = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file");
+  predict->add_option("CONFIG", config_path, "YAML config")->required();
+  predict->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
+  predict->add_option("--checkpoint", checkpoint, "checkpoint to run")->required();
+  predict->add_option("--input", input, "HDF5 file with dataset data.images")->required();
+  predict->add_option("--output", output, "HDF5 file to write, dataset 'predictions'")->required();
 
   std::string run_dir;
   auto* report = app.add_subcommand("report", "write RUN_DIR/report.html: curves, memory, the shard map");
@@ -196,7 +253,9 @@ int run(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 1;
   }
-  if (*plan) return cmd_plan(config_path, sets, json, html);
+  if (*plan) return cmd_plan(config_path, sets, json, html, mode);
+  if (*evaluate) return cmd_evaluate(config_path, sets, checkpoint, eval_data);
+  if (*predict) return cmd_predict(config_path, sets, checkpoint, input, output);
   if (*report) {
     const std::string page = report_run_dir(run_dir);
     std::cout << "wrote " << page << "\n";
@@ -224,7 +283,9 @@ int main(int argc, char** argv) {
   // Every file is closed by its owner; HDF5's own exit-time cleanup would crash on a file
   // whose close already failed (disk full), turning a clear error into a segfault.
   H5dont_atexit();
-  const bool use_mpi = ht::launched_by_mpi() && argc > 1 && std::string(argv[1]) == "train";
+  const std::string command = argc > 1 ? argv[1] : "";
+  const bool use_mpi =
+      ht::launched_by_mpi() && (command == "train" || command == "evaluate" || command == "predict");
   int world = 1;
   if (use_mpi) {
     MPI_Init(&argc, &argv);

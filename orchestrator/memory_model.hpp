@@ -83,7 +83,21 @@ struct HaloTraffic {
   uint64_t total() const { return intra_node + inter_node; }
 };
 
+// Images per (micro-)batch on one rank: batch_size / accumulate / groups, rounded up.
 int local_batch(const Config& config, const ShardPlan& plan);
+
+// Prediction moves each output tile to rank 0 in bands of rows of at most this many bytes
+// (at least one row).
+constexpr uint64_t kPredictionBandBytes = uint64_t(16) << 20;
+int prediction_band_rows(int channels, int cols);
+
+// Inference (evaluate, predict, and validation during training): the weights without
+// gradients or optimizer state, then the forward with each activation freed once the next
+// layer has read it; predict adds the band of output on its way to rank 0. Activations
+// are the layer outputs and input tile live at the peak, transient a gathered input.
+enum class Inference { Evaluate, Predict };
+MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& plan, int rank, Inference kind);
+MemoryEstimate estimate_inference_memory_max(const Config& config, const ShardPlan& plan, Inference kind);
 int node_of(const Config& config, int rank);          // rank / devices_per_node
 int local_device_of(const Config& config, int rank);  // rank % devices_per_node
 

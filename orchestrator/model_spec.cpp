@@ -85,6 +85,30 @@ std::string where(const Config& config, const LayerConfig& l, size_t index) {
 
 }  // namespace
 
+namespace {
+
+// training.metrics against what the model outputs: accuracy and auc are for labels (auc
+// for two classes), dice and iou for masks; accuracy on masks is per pixel.
+void check_metrics(const Config& config, bool spatial_out, int classes) {
+  for (Metric m : config.training.metrics) {
+    const char* name = to_string(m);
+    if (spatial_out && m == Metric::AUC)
+      throw ConfigError(fmt::format("{}: training.metrics: auc is for label outputs; this model outputs masks "
+                                    "(use dice, iou or accuracy)",
+                                    config.source_path));
+    if (!spatial_out && (m == Metric::Dice || m == Metric::IoU))
+      throw ConfigError(fmt::format("{}: training.metrics: {} is for masks; this model outputs {} class scores "
+                                    "(use accuracy or auc)",
+                                    config.source_path, name, classes));
+    if (m == Metric::AUC && classes > 2)
+      throw ConfigError(fmt::format("{}: training.metrics: auc needs two classes (dense units 1 or 2); the "
+                                    "model's output has {} classes",
+                                    config.source_path, classes));
+  }
+}
+
+}  // namespace
+
 ModelSpec build_model_spec(const Config& config) {
   ModelSpec spec;
   spec.input = {config.model.channels, config.model.height, config.model.width};
@@ -205,6 +229,7 @@ ModelSpec build_model_spec(const Config& config) {
             config.source_path, spec.input.h, spec.input.w, out.h, out.w, out.c));
       break;
   }
+  check_metrics(config, spatial_out, out.c);
   return spec;
 }
 

@@ -98,6 +98,18 @@ std::string fit_verdict(const Config& config, const ModelSpec& model, const Shar
       config.parallel.activations == ActivationPolicy::Auto
           ? " (parallel.activations: auto found no mix of keep, offload and recompute that fits)"
           : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));
+  // Micro-batches shrink the activations without another device.
+  const int per_group = config.training.batch_size / std::max(plan.groups, 1);
+  for (int k = config.training.accumulate + 1; k <= per_group; ++k) {
+    if (per_group % k != 0) continue;
+    Config micro = config;
+    micro.training.accumulate = k;
+    if (estimate_memory_max(micro, plan, activation_policies(micro, plan)).total <= budget) {
+      msg += fmt::format("training.accumulate: {} fits on this grid (micro-batches of {} image{} per group); or ", k,
+                         per_group / k, per_group / k == 1 ? "" : "s");
+      break;
+    }
+  }
   if (const auto g = smallest_fitting_grid(config, model, plan.groups))
     return msg + fmt::format("smallest grid that fits: [{}, {}] (set parallel.grid: [{}, {}] or auto)",
                              g->rows, g->cols, g->rows, g->cols);
@@ -107,6 +119,55 @@ std::string fit_verdict(const Config& config, const ModelSpec& model, const Shar
                      "device and are not sharded",
                      format_size(e.params + e.grads + e.optimizer));
   return msg + fmt::format("no grid up to {} shards fits", kMaxAutoShards);
+}
+
+std::string predict_fit_verdict(const Config& config, const ShardPlan& plan) {
+  const MemoryEstimate e = estimate_inference_memory_max(config, plan, Inference::Predict);
+  if (e.total <= config.parallel.device_memory) return "";
+  return fmt::format("{}: parallel.grid [{}, {}] does not fit for prediction: rank {} needs {} per device (params {}, "
+                     "activations {}, transient {}, halo {}) but parallel.device_memory is {}",
+                     config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols,
+                     e.rank, format_size(e.total), format_size(e.params), format_size(e.activations),
+                     format_size(e.transient), format_size(e.halo), format_size(config.parallel.device_memory));
+}
+
+std::string render_predict_plan(const Config& config, const ShardPlan& plan, bool json) {
+  const ModelSpec& m = plan.model;
+  const uint64_t budget = config.parallel.device_memory;
+  std::vector<MemoryEstimate> est;
+  for (int r = 0; r < plan.world(); ++r) est.push_back(estimate_inference_memory(config, plan, r, Inference::Predict));
+  std::string s;
+  if (json) {
+    s += fmt::format("{{\n  \"mode\": \"predict\",\n  \"name\": {},\n  \"grid\": [{}, {}],\n  \"local_batch\": {},\n",
+                     json_string(config.name), plan.grid_rows, plan.grid_cols, local_batch(config, plan));
+    s += fmt::format("  \"device_memory\": {},\n  \"ranks\": [\n", budget);
+    for (size_t r = 0; r < est.size(); ++r) {
+      const MemoryEstimate& e = est[r];
+      s += fmt::format("    {{\"rank\": {}, \"peak_device_bytes\": {}, \"params\": {}, \"activations\": {}, "
+                       "\"transient\": {}, \"halo\": {}}}{}\n",
+                       r, e.total, e.params, e.activations, e.transient, e.halo, r + 1 < est.size() ? "," : "");
+    }
+    const bool fits = predict_fit_verdict(config, plan).empty();
+    s += fmt::format("  ],\n  \"fits\": {}\n}}\n", fits ? "true" : "false");
+    return s;
+  }
+  s += fmt::format("prediction plan for '{}'{}\n", config.name,
+                   config.source_path.empty() ? "" : fmt::format(" ({})", config.source_path));
+  s += fmt::format("grid [{}, {}], {} rank{}, image {} x {} x {}, {} image{} per group at a time, backend {}\n",
+                   plan.grid_rows, plan.grid_cols, plan.world(), plan.world() == 1 ? "" : "s", m.input.h, m.input.w,
+                   m.input.c, local_batch(config, plan), local_batch(config, plan) == 1 ? "" : "s",
+                   to_string(config.parallel.backend));
+  s += "inference keeps nothing for a backward: each activation is freed once the next layer has read it\n\n";
+  s += fmt::format("peak memory per device (budget {}):\n", format_size(budget));
+  s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", "rank", "params", "activations", "transient",
+                   "halo", "total", "fits");
+  for (size_t r = 0; r < est.size(); ++r) {
+    const MemoryEstimate& e = est[r];
+    s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", r, format_size(e.params),
+                     format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.total),
+                     e.total <= budget ? "yes" : "NO");
+  }
+  return s;
 }
 
 std::string render_plan_text(const Config& config, const ShardPlan& plan) {

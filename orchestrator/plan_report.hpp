@@ -27,4 +27,9 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan);
 // kMaxAutoShards shards does).
 std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan);
 
+// `plan --mode predict`: the inference peak per rank (estimate_inference_memory) against
+// the budget, as text or JSON; and its verdict ("" when every rank fits).
+std::string render_predict_plan(const Config& config, const ShardPlan& plan, bool json);
+std::string predict_fit_verdict(const Config& config, const ShardPlan& plan);
+
 }  // namespace ht

@@ -9,6 +9,16 @@ foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools)
   set_tests_properties(oracle_${case} PROPERTIES LABELS "oracle;mpi" TIMEOUT 900)
 endforeach()
 
+# SPEC section 8 against PyTorch (tests/oracle/section8_oracle.py): predict, evaluate and
+# validation, lr schedules / weight decay / accumulate, augmentation and downsampling.
+foreach(part predict evaluate optimizer augment)
+  add_test(NAME section8_${part}
+           COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/section8_oracle.py ${part}
+                   --halotrain $<TARGET_FILE:halotrain> --workdir ${CMAKE_BINARY_DIR}/section8
+                   --mpirun ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(section8_${part} PROPERTIES LABELS "oracle;mpi" TIMEOUT 600)
+endforeach()
+
 # Halo exchange over MPI, one rank per shard (and sample groups when ranks exceed the grid).
 add_executable(halo_mpi_test ${CMAKE_CURRENT_SOURCE_DIR}/mpi/halo_mpi_test.cpp)
 target_link_libraries(halo_mpi_test PRIVATE halotrain_worker)

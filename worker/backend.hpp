@@ -59,6 +59,7 @@ class ComputeBackend {
   virtual void fill_zero(float* dst, size_t count) = 0;
   virtual void copy(float* dst, const float* src, size_t count) = 0;
   virtual void add(float* dst, const float* src, size_t count) = 0;  // dst += src
+  virtual void add_scaled(float* dst, const float* src, float alpha, size_t count) = 0;  // dst += alpha*src
   virtual void scale(float* dst, float factor, size_t count) = 0;
   // Rectangles of all n*c planes of an NCHW tensor [n, c, h, w] <-> a packed buffer
   // [n, c, rows, cols]: halo packing.

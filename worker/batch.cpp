@@ -2,7 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "worker/data_reader.hpp"
+#include <algorithm>
+
 #include "worker/params.hpp"
 
 namespace ht {
@@ -16,20 +17,59 @@ std::vector<int64_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n, 
   return p;
 }
 
-BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend)
-    : config_(config), plan_(plan), rank_(rank), backend_(&backend) {
-  reader_ = std::make_unique<DataReader>(config.data.train, data_reader_options(config, plan.model));
+SampleView augment_view(const Config& config, int64_t step, int64_t sample, int view_height, int view_width) {
+  // Four draws in a fixed order, whichever augmentations are on, so turning one on or
+  // off changes no other: horizontal flip, vertical flip, crop top, crop left.
+  const AugmentConfig& a = config.data.augment;
+  SplitMix64 rng(config.seed * 0x9e3779b97f4a7c15ull + uint64_t(step) * 0xbf58476d1ce4e5b9ull +
+                 uint64_t(sample) * 0x94d049bb133111ebull);
+  SampleView v;
+  const uint64_t h = rng.next(), vflip = rng.next(), top = rng.next(), left = rng.next();
+  v.flip_cols = a.flip_horizontal && (h >> 63);
+  v.flip_rows = a.flip_vertical && (vflip >> 63);
+  if (a.crops()) {
+    v.top = int(top % uint64_t(view_height - config.model.height + 1));
+    v.left = int(left % uint64_t(view_width - config.model.width + 1));
+  }
+  return v;
+}
+
+namespace {
+
+DataReaderOptions options_for(const Config& config, const ModelSpec& model, DataPurpose purpose,
+                              const std::string& key) {
+  DataReaderOptions o = data_reader_options(config, model);
+  o.key = key;
+  if (purpose == DataPurpose::Predict) o.targets.clear();
+  return o;
+}
+
+}  // namespace
+
+BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend,
+                         DataPurpose purpose, const std::string& path)
+    : config_(config),
+      plan_(plan),
+      rank_(rank),
+      backend_(&backend),
+      purpose_(purpose),
+      micro_batch_(config.training.batch_size / (plan.groups * config.training.accumulate)) {
+  const std::string file = path.empty() ? config.data.train : path;
+  const std::string key = path.empty() ? "data.train" : path == config.data.validation ? "data.validation" : "--data";
+  reader_ = std::make_unique<DataReader>(file, options_for(config, plan.model, purpose, key));
   const bool spatial_out = plan.model.spatial_layers == int(plan.model.layers.size());
-  if (spatial_out && !reader_->has_masks())
-    throw ConfigError(fmt::format(
-        "{}: model.loss {} on a full-resolution output needs masks [N, H, W, 1] in dataset '{}'; found labels",
-        config.data.train, to_string(config.model.loss), config.data.targets));
-  if (!spatial_out && reader_->has_masks())
-    throw ConfigError(fmt::format(
-        "{}: the model ends in a dense layer, so dataset '{}' must hold labels [N]; found masks",
-        config.data.train, config.data.targets));
+  if (purpose != DataPurpose::Predict) {
+    if (spatial_out && !reader_->has_masks())
+      throw ConfigError(fmt::format(
+          "{}: model.loss {} on a full-resolution output needs masks [N, H, W, 1] in dataset '{}'; found labels",
+          file, to_string(config.model.loss), config.data.targets));
+    if (!spatial_out && reader_->has_masks())
+      throw ConfigError(fmt::format(
+          "{}: the model ends in a dense layer, so dataset '{}' must hold labels [N]; found masks", file,
+          config.data.targets));
+  }
   if (reader_->count() < 1)
-    throw ConfigError(fmt::format("{}: dataset '{}' holds no images", config.data.train, config.data.images));
+    throw ConfigError(fmt::format("{}: dataset '{}' holds no images", file, config.data.images));
 }
 
 BatchSource::~BatchSource() = default;
@@ -50,48 +90,87 @@ int64_t BatchSource::sample_at(int64_t position) {
   return permutation_[position % n];
 }
 
-Batch BatchSource::load(int64_t step) {
-  const int groups = plan_.groups;
-  const int b = config_.training.batch_size / groups;
+Batch BatchSource::load(int64_t step, int micro) {
+  const int b = micro_batch_;
   const int group = plan_.group_of(rank_);
+  const int64_t first = step * config_.training.batch_size + int64_t(micro) * b * plan_.groups + int64_t(group) * b;
+  std::vector<int64_t> samples;
+  std::vector<SampleView> views;
+  for (int i = 0; i < b; ++i) {
+    samples.push_back(sample_at(first + i));
+    views.push_back(augment_view(config_, step, samples.back(), reader_->view_height(), reader_->view_width()));
+  }
+  Batch batch = read(samples, views);
+  batch.valid.assign(size_t(b), 1);
+  return batch;
+}
+
+int64_t BatchSource::rounds() const {
+  const int64_t per_round = int64_t(micro_batch_) * plan_.groups;
+  return (reader_->count() + per_round - 1) / per_round;
+}
+
+Batch BatchSource::load_round(int64_t round) {
+  const int b = micro_batch_;
+  const int64_t n = reader_->count();
+  const int64_t first = round * b * plan_.groups + int64_t(plan_.group_of(rank_)) * b;
+  // A crop window sits at the centre of a larger image.
+  SampleView centre;
+  centre.top = (reader_->view_height() - config_.model.height) / 2;
+  centre.left = (reader_->view_width() - config_.model.width) / 2;
+  std::vector<int64_t> samples;
+  std::vector<char> valid;
+  for (int i = 0; i < b; ++i) {
+    valid.push_back(first + i < n);
+    samples.push_back(std::min(first + i, n - 1));
+  }
+  Batch batch = read(samples, std::vector<SampleView>(size_t(b), centre));
+  batch.valid = valid;
+  return batch;
+}
+
+Batch BatchSource::read(const std::vector<int64_t>& samples, const std::vector<SampleView>& views) {
+  const int b = int(samples.size());
   const Rect tile = plan_.owned_image(rank_);
   const int c = plan_.model.input.c;
   Batch batch;
+  batch.samples = samples;
   batch.images = Tensor(backend_->allocator(), b, c, tile.rows.size(), tile.cols.size(), "input tile");
   const size_t image_elems = size_t(c) * tile.area();
   std::vector<float> host(image_elems);
   const bool spatial_out = plan_.model.spatial_layers == int(plan_.model.layers.size());
   const Shape3 out = plan_.model.output();
   const Rect out_tile = plan_.owned_output(int(plan_.model.layers.size()) - 1, rank_);
-  std::vector<float> targets;
+  const bool targets = purpose_ != DataPurpose::Predict;
+  std::vector<float>& t = batch.host_targets;
   for (int i = 0; i < b; ++i) {
-    const int64_t position = step * config_.training.batch_size + int64_t(group) * b + i;
-    const int64_t sample = sample_at(position);
-    batch.samples.push_back(sample);
-    reader_->read_image_tile(sample, tile, float(config_.data.scale), host.data());
+    const int64_t sample = samples[i];
+    reader_->read_image_tile(sample, tile, float(config_.data.scale), host.data(), views[i]);
     backend_->from_host(batch.images.data() + i * image_elems, host.data(), image_elems * sizeof(float));
+    if (!targets) continue;
     if (spatial_out) {
       std::vector<float> mask(size_t(out_tile.area()));
-      reader_->read_mask_tile(sample, out_tile, mask.data());
-      targets.insert(targets.end(), mask.begin(), mask.end());
+      reader_->read_mask_tile(sample, out_tile, mask.data(), views[i]);
+      t.insert(t.end(), mask.begin(), mask.end());
     } else {
       const int32_t label = reader_->read_label(sample);
       if (config_.model.loss == LossType::SoftmaxCrossEntropy && (label < 0 || label >= out.c))
         throw ConfigError(fmt::format("{}: '{}'[{}] = {} is not a class of the {}-unit output layer",
-                                      config_.data.train, config_.data.targets, sample, label, out.c));
+                                      reader_->path(), config_.data.targets, sample, label, out.c));
       batch.labels.push_back(label);
       if (out.c == 1) {
-        targets.push_back(float(label));
+        t.push_back(float(label));
       } else {
-        for (int k = 0; k < out.c; ++k) targets.push_back(k == label ? 1.0f : 0.0f);
+        for (int k = 0; k < out.c; ++k) t.push_back(k == label ? 1.0f : 0.0f);
       }
     }
   }
+  if (purpose_ != DataPurpose::Train) return batch;  // evaluation reads host_targets
   if (spatial_out)
     batch.targets = Tensor(backend_->allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
   else
     batch.targets = Tensor(backend_->allocator(), b, out.c, 1, 1, "targets");
-  backend_->from_host(batch.targets.data(), targets.data(), targets.size() * sizeof(float));
+  backend_->from_host(batch.targets.data(), t.data(), t.size() * sizeof(float));
   return batch;
 }
 

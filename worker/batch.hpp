@@ -1,46 +1,72 @@
-// The data order and the tiles one rank reads for each step. The sample stream is the
+// The data order and the tiles one rank reads. Training: the sample stream is the
 // concatenation of per-epoch permutations (splitmix64 Fisher-Yates from `seed` and the
-// epoch; identity without shuffle); step s takes stream positions [s*B, (s+1)*B), and
-// sample group g the slice [g*b, (g+1)*b). Identical on every rank, resumable from the
-// step alone.
+// epoch; identity without shuffle); step s takes stream positions [s*B, (s+1)*B), its
+// micro-batch m (training.accumulate = k) the positions [s*B + m*B/k, s*B + (m+1)*B/k),
+// and sample group g the g-th slice of that. Augmentation (flips, crop window) is drawn
+// from (seed, step, image index) alone. Identical on every rank, resumable from the step.
+// Evaluation and prediction: every image of a file once, in file order, in rounds of one
+// micro-batch per group, with the crop window (if any) at the centre.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
+#include "worker/data_reader.hpp"
 
 namespace ht {
-
-class DataReader;
 
 struct Batch {
   Tensor images;                // [b, C, tile rows, tile cols]
   std::vector<int32_t> labels;  // [b] when the targets are labels
   Tensor targets;               // [b, 1, rows, cols] masks, or [b, units, 1, 1] one-hot/values
+  std::vector<float> host_targets;  // the same on the host (evaluation computes there)
   std::vector<int64_t> samples; // file indices, for messages
+  std::vector<char> valid;      // evaluation: 0 for the repeats that fill the last round
 };
+
+enum class DataPurpose {
+  Train,     // data.train, shuffled and augmented
+  Evaluate,  // a file in order, with its targets
+  Predict,   // a file in order, images only
+};
+
+// The draws of one training image (SPEC section 8): a function of (seed, step, index).
+SampleView augment_view(const Config& config, int64_t step, int64_t sample, int view_height, int view_width);
 
 class BatchSource {
  public:
-  BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend);
+  // `path`: the file to read; empty for data.train.
+  BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend,
+              DataPurpose purpose = DataPurpose::Train, const std::string& path = "");
   ~BatchSource();
 
   int64_t samples() const;  // images in the file
   int64_t epoch_of_step(int64_t step) const;
-  Batch load(int64_t step);
+  int micro_batch() const { return micro_batch_; }  // images per group per micro-batch
+  // Training: micro-batch `micro` of step `step`.
+  Batch load(int64_t step, int micro = 0);
+  // Evaluation and prediction: round r takes images [r*G*b, (r+1)*G*b) of the file, group
+  // g the g-th b of them; past the end a group repeats the last image, marked not valid.
+  int64_t rounds() const;
+  Batch load_round(int64_t round);
+  const DataReader& reader() const { return *reader_; }
   // Points at the backend again after the trainer rebuilt its device state.
   void rebind(ComputeBackend* backend) { backend_ = backend; }
 
  private:
   int64_t sample_at(int64_t position);
+  Batch read(const std::vector<int64_t>& samples, const std::vector<SampleView>& views);
 
   const Config& config_;
   const ShardPlan& plan_;
   int rank_;
   ComputeBackend* backend_;
+  DataPurpose purpose_;
+  int micro_batch_;
   std::unique_ptr<DataReader> reader_;
   int64_t cached_epoch_ = -1;
   std::vector<int64_t> permutation_;

@@ -74,6 +74,9 @@ class CpuBackend : public ComputeBackend {
   void add(float* dst, const float* src, size_t count) override {
     for (size_t i = 0; i < count; ++i) dst[i] += src[i];
   }
+  void add_scaled(float* dst, const float* src, float alpha, size_t count) override {
+    for (size_t i = 0; i < count; ++i) dst[i] += alpha * src[i];
+  }
   void scale(float* dst, float factor, size_t count) override {
     for (size_t i = 0; i < count; ++i) dst[i] *= factor;
   }

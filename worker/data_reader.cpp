@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -30,6 +31,8 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   o.height = config.model.height;
   o.width = config.model.width;
   o.channels = config.model.channels;
+  o.downsample = config.data.downsample;
+  o.larger_ok = config.data.augment.crops();
   if (config.model.loss == LossType::SoftmaxCrossEntropy) {
     o.expect = TargetKind::Labels;
     o.classes = spec.output().c;
@@ -51,6 +54,9 @@ struct DataReader::Impl {
   DataReaderOptions opt;
   h5::Hid file, images, masks;
   int64_t count = 0;
+  int file_h = 0, file_w = 0;  // the images as stored
+  int view_h = 0, view_w = 0;  // after downsampling
+  uint64_t bytes_read = 0;
   PixelType pixel = PixelType::Float32;
   TargetKind kind = TargetKind::Labels;
   std::vector<int64_t> labels;
@@ -94,9 +100,25 @@ struct DataReader::Impl {
     if (s.size() != 4)
       fail(fmt::format("dataset '{}' is {} (rank {}), expected [N, H, W, C] with model.input {}",
                        opt.images, h5::shape_string(s), s.size(), input_shape()));
-    if (s[1] != opt.height || s[2] != opt.width || s[3] != opt.channels)
+    const int f = opt.downsample;
+    if (s[3] != opt.channels || (f == 1 && !opt.larger_ok && (s[1] != opt.height || s[2] != opt.width)))
       fail(fmt::format("dataset '{}' is {} but model.input is {}", opt.images, h5::shape_string(s),
                        input_shape()));
+    if (s[1] % f != 0 || s[2] % f != 0)
+      fail(fmt::format("data.downsample {} does not divide the {}x{} images of dataset '{}' (every side must be a "
+                       "multiple of it)",
+                       f, s[1], s[2], opt.images));
+    file_h = int(s[1]);
+    file_w = int(s[2]);
+    view_h = file_h / f;
+    view_w = file_w / f;
+    const std::string after = f > 1 ? fmt::format(" (after data.downsample {})", f) : "";
+    if (opt.larger_ok && (view_h < opt.height || view_w < opt.width))
+      fail(fmt::format("data.augment.crop [{}, {}] is larger than the {}x{} images{} of dataset '{}'", opt.height,
+                       opt.width, view_h, view_w, after, opt.images));
+    if (!opt.larger_ok && (view_h != opt.height || view_w != opt.width))
+      fail(fmt::format("dataset '{}' is {}: {}x{}{}, but model.input is {}", opt.images, h5::shape_string(s),
+                       view_h, view_w, after, input_shape()));
     if (s[0] < 1) fail(fmt::format("dataset '{}' is {}: it holds no images", opt.images, h5::shape_string(s)));
     // A header can declare any count; the per-image index (labels, the epoch's order) is
     // host memory, so the count is checked before anything is sized by it.
@@ -123,7 +145,7 @@ struct DataReader::Impl {
     h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(ds)));
     h5::TypeClass tc = h5::type_class(type);
     std::string labels_shape = fmt::format("[{}]", count);
-    std::string masks_shape = fmt::format("[{}, {}, {}, 1]", count, opt.height, opt.width);
+    std::string masks_shape = fmt::format("[{}, {}, {}, 1]", count, file_h, file_w);
     kind = s.size() == 4 ? TargetKind::Masks : TargetKind::Labels;
     if (s.size() != 1 && s.size() != 4)
       fail(fmt::format("dataset '{}' is {}, expected labels {} or masks {}", opt.targets,
@@ -142,7 +164,7 @@ struct DataReader::Impl {
       labels.resize(size_t(count));
       h5::read_dataset(ds, labels.data(), count);  // small: one integer per image
     } else {
-      if (s[0] != count || s[1] != opt.height || s[2] != opt.width || s[3] != 1)
+      if (s[0] != count || s[1] != file_h || s[2] != file_w || s[3] != 1)
         fail(fmt::format("dataset '{}' is {}, expected masks {}", opt.targets, h5::shape_string(s),
                          masks_shape));
       if (tc == h5::TypeClass::String || tc == h5::TypeClass::Other)
@@ -152,13 +174,57 @@ struct DataReader::Impl {
     }
   }
 
-  void check_tile(int64_t index, const Rect& r) const {
+  void check_tile(int64_t index, const Rect& r, const SampleView& v) const {
     if (index < 0 || index >= count)
       throw std::out_of_range(fmt::format("{}: image index {} outside [0, {})", path, index, count));
     if (r.empty() || r.rows.lo < 0 || r.cols.lo < 0 || r.rows.hi > opt.height || r.cols.hi > opt.width)
       throw std::out_of_range(fmt::format("{}: tile rows [{}, {}) cols [{}, {}) outside the {}x{} image",
                                           path, r.rows.lo, r.rows.hi, r.cols.lo, r.cols.hi,
                                           opt.height, opt.width));
+    if (v.top < 0 || v.left < 0 || v.top + opt.height > view_h || v.left + opt.width > view_w)
+      throw std::out_of_range(fmt::format("{}: a {}x{} view at ({}, {}) outside the {}x{} image", path,
+                                          opt.height, opt.width, v.top, v.left, view_h, view_w));
+  }
+
+  // Reads `rect` of the view `v` of image `index` of `ds` (C channels) as [C][rows][cols]:
+  // the file block under it, in bands of rows, box-averaged by the downsample factor and
+  // mirrored. `check` sees every file value with its file row and column.
+  template <class Check>
+  void read_view(const h5::Hid& ds, int64_t index, int C, const Rect& rect, const SampleView& v, float* out,
+                 const Check& check) {
+    const int rows = rect.rows.size(), cols = rect.cols.size(), f = opt.downsample;
+    const int64_t row0 = int64_t(f) * (v.top + (v.flip_rows ? opt.height - rect.rows.hi : rect.rows.lo));
+    const int64_t col0 = int64_t(f) * (v.left + (v.flip_cols ? opt.width - rect.cols.hi : rect.cols.lo));
+    const int64_t file_cols = int64_t(cols) * f;
+    const uint64_t band_row_bytes = uint64_t(file_cols) * f * C * sizeof(float);
+    const int band = int(std::clamp<uint64_t>((uint64_t(8) << 20) / band_row_bytes, 1, uint64_t(rows)));
+    buffer.resize(size_t(band) * f * file_cols * C);
+    const size_t plane = size_t(rows) * cols;
+    const double box = double(f) * f;
+    for (int b0 = 0; b0 < rows; b0 += band) {
+      const int nb = std::min(band, rows - b0);
+      const int src_lo = v.flip_rows ? rows - b0 - nb : b0;  // in file order
+      const int64_t first_row = row0 + int64_t(src_lo) * f;
+      h5::read_hyperslab(ds, {index, first_row, col0, 0}, {1, int64_t(nb) * f, file_cols, C}, H5T_NATIVE_FLOAT,
+                         buffer.data());
+      bytes_read += uint64_t(nb) * band_row_bytes;
+      for (int i = 0; i < nb; ++i) {
+        const int src = src_lo + i, r = v.flip_rows ? rows - 1 - src : src;
+        for (int j = 0; j < cols; ++j) {
+          const int q = v.flip_cols ? cols - 1 - j : j;
+          for (int c = 0; c < C; ++c) {
+            double sum = 0;
+            for (int dy = 0; dy < f; ++dy)
+              for (int dx = 0; dx < f; ++dx) {
+                const float x = buffer[(size_t(i * f + dy) * file_cols + size_t(j) * f + dx) * C + c];
+                check(x, first_row + i * f + dy, col0 + int64_t(j) * f + dx);
+                sum += x;
+              }
+            out[size_t(c) * plane + size_t(r) * cols + q] = f == 1 ? float(sum) : float(sum / box);
+          }
+        }
+      }
+    }
   }
 };
 
@@ -172,7 +238,7 @@ DataReader::DataReader(const std::string& path, const DataReaderOptions& options
   try {
     m.file = h5::open_file(path);
     m.open_images();
-    m.open_targets();
+    if (!options.targets.empty()) m.open_targets();
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: cannot read the data file ({}): {}", path, options.key, e.what()));
   }
@@ -190,33 +256,32 @@ PixelType DataReader::pixel_type() const { return impl_->pixel; }
 int DataReader::height() const { return impl_->opt.height; }
 int DataReader::width() const { return impl_->opt.width; }
 int DataReader::channels() const { return impl_->opt.channels; }
+int DataReader::view_height() const { return impl_->view_h; }
+int DataReader::view_width() const { return impl_->view_w; }
+uint64_t DataReader::bytes_read() const { return impl_->bytes_read; }
 
-void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out) {
+void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view) {
   h5::quiet();
   Impl& m = *impl_;
-  m.check_tile(index, rect);
+  m.check_tile(index, rect, view);
   const int rows = rect.rows.size(), cols = rect.cols.size(), C = m.opt.channels;
   const size_t n = size_t(rows) * cols * C;
-  h5::Shape start{index, rect.rows.lo, rect.cols.lo, 0}, count{1, rows, cols, C};
-  // HDF5 converts uint8/uint16 to float during the read; with one channel HWC is CHW.
-  float* dst = out;
-  if (C > 1) {
-    m.buffer.resize(n);
-    dst = m.buffer.data();
-  }
+  const size_t plane = size_t(rows) * cols;
   try {
-    h5::read_hyperslab(m.images, start, count, H5T_NATIVE_FLOAT, dst);
+    if (m.opt.downsample == 1 && !view.flip_rows && !view.flip_cols && C == 1) {
+      // The common case: HDF5 converts uint8/uint16 to float during the read, and with one
+      // channel HWC is CHW, so the block lands in `out` as it is.
+      h5::read_hyperslab(m.images, {index, view.top + rect.rows.lo, view.left + rect.cols.lo, 0}, {1, rows, cols, 1},
+                         H5T_NATIVE_FLOAT, out);
+      m.bytes_read += n * sizeof(float);
+    } else {
+      m.read_view(m.images, index, C, rect, view, out, [](float, int64_t, int64_t) {});
+    }
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.what()));
   }
-  const size_t plane = size_t(rows) * cols;
-  if (C == 1) {
-    if (scale != 1.f)
-      for (size_t i = 0; i < n; ++i) out[i] *= scale;
-  } else {
-    for (size_t p = 0; p < plane; ++p)
-      for (int c = 0; c < C; ++c) out[size_t(c) * plane + p] = dst[p * C + size_t(c)] * scale;
-  }
+  if (scale != 1.f)
+    for (size_t i = 0; i < n; ++i) out[i] *= scale;
   // A NaN or Inf pixel (in the file, or made by data.scale) would surface steps later as a
   // NaN loss; it is named here, where it is read.
   const size_t bad = first_non_finite(out, n);
@@ -244,26 +309,24 @@ int32_t DataReader::read_label(int64_t index) const {
   return int32_t(v);
 }
 
-void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out) {
+void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out, const SampleView& view) {
   h5::quiet();
   Impl& m = *impl_;
-  if (m.kind != TargetKind::Masks)
+  if (m.kind != TargetKind::Masks || !m.masks)
     throw std::logic_error(fmt::format("{}: '{}' holds labels, not masks", m.path, m.opt.targets));
-  m.check_tile(index, rect);
-  const int rows = rect.rows.size(), cols = rect.cols.size();
+  m.check_tile(index, rect, view);
+  const auto binary = [&](float v, int64_t row, int64_t col) {
+    if (v != 0.f && v != 1.f)
+      m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: masks must be 0 or 1", m.opt.targets, index,
+                         v, row, col));
+  };
   try {
-    h5::read_hyperslab(m.masks, {index, rect.rows.lo, rect.cols.lo, 0}, {1, rows, cols, 1},
-                       H5T_NATIVE_FLOAT, out);
+    m.read_view(m.masks, index, 1, rect, view, out, binary);
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.what()));
   }
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      float v = out[size_t(r) * cols + c];
-      if (v != 0.f && v != 1.f)
-        m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: masks must be 0 or 1",
-                           m.opt.targets, index, v, rect.rows.lo + r, rect.cols.lo + c));
-    }
+  if (m.opt.downsample > 1)
+    for (size_t i = 0; i < size_t(rect.area()); ++i) out[i] = out[i] >= 0.5f ? 1.f : 0.f;
 }
 
 }  // namespace ht

@@ -21,16 +21,28 @@ const char* to_string(TargetKind k);  // "labels", "masks"
 
 struct DataReaderOptions {
   std::string images = "images";   // dataset names (data.images / data.targets)
-  std::string targets = "labels";
+  std::string targets = "labels";  // empty: the file's targets are not read (prediction)
   int height = 0, width = 0, channels = 0;  // model.input [H, W, C] the images must match
+  int downsample = 1;        // the file's images are downsample x larger; read box-averaged
+  bool larger_ok = false;    // random crops: the (downsampled) images may be larger than model.input
   int classes = 0;                          // labels must lie in [0, classes); 0: unchecked
   std::optional<TargetKind> expect;         // what the loss needs; nullopt: either
   std::string key = "data.train";           // the config key naming the file, for messages
 };
 
 // Options for a run: model.input, data.images/targets, `classes` = units of the last layer
-// for softmax_cross_entropy, masks expected for sigmoid_bce.
+// for softmax_cross_entropy, masks expected for sigmoid_bce, data.downsample, and larger
+// images allowed when data.augment.crop is set.
 DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spec);
+
+// Where one model-input-sized image comes from: the window at (top, left) of the file's
+// image after box-averaging by DataReaderOptions::downsample, then mirrored. The default
+// is the whole image as it is.
+struct SampleView {
+  int top = 0, left = 0;   // in downsampled pixels
+  bool flip_rows = false;  // vertical flip
+  bool flip_cols = false;  // horizontal flip
+};
 
 // One open data file. Validates everything it can at open (existence, HDF5, shapes,
 // dtypes) and throws ConfigError naming the file, the dataset, expected and found; label
@@ -48,20 +60,25 @@ class DataReader {
   bool has_masks() const;
   TargetKind target_kind() const;
   PixelType pixel_type() const;
-  int height() const;
+  int height() const;  // model.input's: what every view is
   int width() const;
   int channels() const;
+  int view_height() const;  // the file's image after downsampling: where crops may lie
+  int view_width() const;
+  uint64_t bytes_read() const;  // pixels and mask values read from the file so far, as float32
 
-  // Writes image `index`'s pixels in `rect` (image rows/cols) to `out` as [C][rows][cols]
-  // float, multiplied by `scale`. Reads only that hyperslab. Throws std::out_of_range for
-  // an index or rect outside the image (a caller bug, not a data problem).
-  void read_image_tile(int64_t index, const Rect& rect, float scale, float* out);
+  // Writes image `index`'s pixels in `rect` (rows/cols of the view, model.input-sized) to
+  // `out` as [C][rows][cols] float, multiplied by `scale`. Reads only the file's block
+  // under that rectangle (downsample x larger), in bands. Throws std::out_of_range for an
+  // index, rect or view outside the image (a caller bug, not a data problem).
+  void read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view = {});
   // Label of image `index` (all labels are cached at open); ConfigError when the value
   // lies outside [0, classes).
   int32_t read_label(int64_t index) const;
-  // Writes mask `index` in `rect` to `out` as [rows][cols] of 0/1; ConfigError for any
-  // other value.
-  void read_mask_tile(int64_t index, const Rect& rect, float* out);
+  // Writes mask `index` in `rect` of the view to `out` as [rows][cols] of 0/1 (a
+  // downsampled mask is 1 where at least half its box is); ConfigError for a file value
+  // other than 0 or 1.
+  void read_mask_tile(int64_t index, const Rect& rect, float* out, const SampleView& view = {});
 
  private:
   struct Impl;

@@ -1,5 +1,5 @@
-// Starts the workers of `halotrain train`: one MPI rank each under mpirun/srun, or every
-// shard as a thread of this process (the embedded default).
+#include "worker/launcher.hpp"
+
 #include <mpi.h>
 #include <omp.h>
 
@@ -24,27 +24,36 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
-// Makes data.train from data.synthesize when it does not exist yet.
-void ensure_data(const Config& config) {
-  if (!config.data.synthesize || std::filesystem::exists(config.data.train)) return;
+// Makes data.train (and data.validation, from other images) from data.synthesize when they
+// do not exist yet.
+void make_synthetic_data(const Config& config) {
+  if (!config.data.synthesize) return;
   const SynthesizeConfig& s = *config.data.synthesize;
-  const SyntheticOptions o = synthetic_options(config);
-  log().info("writing synthetic data {} ({} x {} x {} x {})", config.data.train, s.count, s.height, s.width,
-             s.channels);
-  const auto parent = std::filesystem::path(config.data.train).parent_path();
-  if (!parent.empty())
-    if (const std::string problem = writable_directory_problem(parent.string()); !problem.empty())
-      throw ConfigError(fmt::format("{}: data.train {} cannot be made from data.synthesize: its directory {} {}",
-                                    config.source_path, config.data.train, parent.string(), problem));
-  write_synthetic_dataset(config.data.train, o);
+  auto make = [&](const std::string& path, const char* key, SyntheticOptions o) {
+    if (path.empty() || std::filesystem::exists(path)) return;
+    log().info("writing synthetic data {} ({} x {} x {} x {})", path, o.count, s.height, s.width, s.channels);
+    const auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty())
+      if (const std::string problem = writable_directory_problem(parent.string()); !problem.empty())
+        throw ConfigError(fmt::format("{}: {} {} cannot be made from data.synthesize: its directory {} {}",
+                                      config.source_path, key, path, parent.string(), problem));
+    write_synthetic_dataset(path, o);
+  };
+  const SyntheticOptions train = synthetic_options(config);
+  make(config.data.train, "data.train", train);
+  SyntheticOptions validation = train;
+  validation.count = s.validation_count > 0 ? s.validation_count : std::max(1, s.count / 4);
+  validation.seed = train.seed ^ 0x76616c6964ull;  // other images than the training ones
+  make(config.data.validation, "data.validation", validation);
 }
 
 void check_batch(const Config& config, const ShardPlan& plan) {
-  if (config.training.batch_size % plan.groups != 0)
+  const TrainingConfig& t = config.training;
+  if (t.batch_size % (plan.groups * t.accumulate) != 0)
     throw ConfigError(fmt::format(
-        "{}: training.batch_size {} must be divisible by the {} sample groups ({} ranks / grid {}x{})",
-        config.source_path, config.training.batch_size, plan.groups, plan.world(), plan.grid_rows,
-        plan.grid_cols));
+        "{}: training.batch_size {} must be divisible by the {} sample groups ({} ranks / grid {}x{}){}",
+        config.source_path, t.batch_size, plan.groups, plan.world(), plan.grid_rows, plan.grid_cols,
+        t.accumulate > 1 ? fmt::format(" times training.accumulate {}", t.accumulate) : ""));
 }
 
 // `device_slot`: this worker's index among the workers of its node; picks the local GPU.
@@ -70,19 +79,20 @@ int node_local_rank() {
   return rank;
 }
 
-// The comm over all ranks for a trainer on `backend`: under MPI with backend cuda an
+// The comm over all ranks for a worker on `backend`: under MPI with backend cuda an
 // NcclComm on its GPU (halos and gradients stay on the device); none otherwise, so the
-// trainer keeps the MPI comm (host memory) it was given.
+// worker keeps the MPI comm (host memory) it was given.
 std::unique_ptr<Comm> make_world_comm(const Config& config, ComputeBackend& backend) {
   if (config.parallel.backend != Backend::CUDA) return nullptr;
   return make_nccl_world_comm(backend);
 }
 
-// A plan whose predicted peak passes parallel.device_memory is refused before any step
-// runs, with plan's message (the need, the budget, the smallest grid that fits).
-void check_fits(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
-  const std::string verdict = fit_verdict(config, model, plan);
-  if (!verdict.empty()) throw ConfigError(verdict);
+int mpi_world_size() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int world_size = 1;
+  if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  return world_size;
 }
 
 GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
@@ -90,35 +100,20 @@ GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
   return {config.parallel.grid_rows, config.parallel.grid_cols};
 }
 
-TrainSummary run_mpi(const Config& config, const ModelSpec& model, int world_size) {
+void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   MpiComm world(MPI_COMM_WORLD, false);
   set_log_rank(world.rank(), world.size());
-  GridShape grid = grid_of(config, model, 1);
-  if (world_size % (grid.rows * grid.cols) != 0)
-    throw ConfigError(fmt::format(
-        "{}: parallel.grid [{}, {}] needs a multiple of {} ranks; this job has {}", config.source_path,
-        grid.rows, grid.cols, grid.rows * grid.cols, world_size));
-  const ShardPlan plan = make_shard_plan(model, grid, world_size);
-  check_batch(config, plan);
-  check_fits(config, model, plan);
-  if (world.rank() == 0) ensure_data(config);
-  world.barrier();
   const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", 1));
   const int threads = std::getenv("OMP_NUM_THREADS")
                           ? 0
                           : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
   // GPUs are per node; the CPU backend has no device to pick.
   const int slot = config.parallel.backend == Backend::CUDA ? node_local_rank() : world.rank();
-  Trainer trainer(config, plan, world.rank(), world, backend_options(config, world.rank(), slot, threads),
-                  [&config](ComputeBackend& backend) { return make_world_comm(config, backend); });
-  return trainer.run();
+  body(world.rank(), world, backend_options(config, world.rank(), slot, threads),
+       [&config](ComputeBackend& backend) { return make_world_comm(config, backend); });
 }
 
-TrainSummary run_local(const Config& config, const ModelSpec& model) {
-  const ShardPlan plan = make_shard_plan(model, grid_of(config, model, 1));
-  check_batch(config, plan);
-  check_fits(config, model, plan);
-  ensure_data(config);
+void run_local(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   const int world = plan.world();
   const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);
   // libgomp binds each shard's team to the same first places: the shards then share cores.
@@ -129,14 +124,12 @@ TrainSummary run_local(const Config& config, const ModelSpec& model) {
   // Backend memory crosses threads through the host: a CUDA halo goes device -> host -> device.
   auto comms = LocalComm::create(world, memory_ops(config.parallel.backend));
   std::vector<std::exception_ptr> errors(world);
-  std::vector<TrainSummary> summaries(world);
   std::vector<std::thread> workers;
   for (int r = 0; r < world; ++r) {
     workers.emplace_back([&, r] {
       set_log_rank(r, world);
       try {
-        Trainer trainer(config, plan, r, *comms[r], backend_options(config, r, r, threads));
-        summaries[r] = trainer.run();
+        body(r, *comms[r], backend_options(config, r, r, threads), {});
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
         comms[r]->abort(e.what());
@@ -157,19 +150,59 @@ TrainSummary run_local(const Config& config, const ModelSpec& model) {
     }
   }
   if (first) std::rethrow_exception(first);
-  return summaries[0];
+}
+
+// A plan whose predicted peak passes parallel.device_memory is refused before any step
+// runs, with plan's message (the need, the budget, the smallest grid that fits).
+void check_fits(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
+  const std::string verdict = fit_verdict(config, model, plan);
+  if (!verdict.empty()) throw ConfigError(verdict);
 }
 
 }  // namespace
 
+ShardPlan launch_plan(const Config& config, const ModelSpec& model) {
+  const int world_size = mpi_world_size();
+  const GridShape grid = grid_of(config, model, 1);
+  if (world_size > 1 && world_size % (grid.rows * grid.cols) != 0)
+    throw ConfigError(fmt::format(
+        "{}: parallel.grid [{}, {}] needs a multiple of {} ranks; this job has {}", config.source_path,
+        grid.rows, grid.cols, grid.rows * grid.cols, world_size));
+  const ShardPlan plan =
+      world_size > 1 ? make_shard_plan(model, grid, world_size) : make_shard_plan(model, grid);
+  check_batch(config, plan);
+  return plan;
+}
+
+void ensure_data(const Config& config) {
+  if (mpi_world_size() == 1) {
+    make_synthetic_data(config);
+    return;
+  }
+  MpiComm world(MPI_COMM_WORLD, false);
+  if (world.rank() == 0) make_synthetic_data(config);
+  world.barrier();
+}
+
+void run_workers(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
+  if (mpi_world_size() > 1) return run_mpi(config, plan, body);
+  run_local(config, plan, body);
+}
+
 TrainSummary run_training(const Config& config) {
   const ModelSpec model = build_model_spec(config);
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  int world_size = 1;
-  if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  if (world_size > 1) return run_mpi(config, model, world_size);
-  return run_local(config, model);
+  const ShardPlan plan = launch_plan(config, model);
+  check_fits(config, model, plan);
+  ensure_data(config);
+  TrainSummary summary;  // this process's first rank's
+  const bool mpi = mpi_world_size() > 1;
+  run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend,
+                                const DeviceWorldFactory& device_world) {
+    Trainer trainer(config, plan, rank, world, backend, device_world);
+    TrainSummary s = trainer.run();
+    if (mpi || rank == 0) summary = std::move(s);
+  });
+  return summary;
 }
 
 }  // namespace ht

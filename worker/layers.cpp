@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace ht {
@@ -10,8 +11,8 @@ Layer::Layer(const LayerContext& ctx, int index) : ctx_(ctx), index_(index) {}
 
 std::string Layer::label() const { return fmt::format("layer {} (rank {})", spec().config.name, ctx_.rank); }
 
-Tensor Layer::make_output(int c, const Rect& rect, const std::string& what) {
-  return Tensor(ctx_.backend.allocator(), ctx_.local_batch, c, rect.rows.size(), rect.cols.size(),
+Tensor Layer::make_output(int n, int c, const Rect& rect, const std::string& what) {
+  return Tensor(ctx_.backend.allocator(), n, c, rect.rows.size(), rect.cols.size(),
                 what + " of " + label());
 }
 
@@ -35,10 +36,11 @@ void check_shape(const Tensor& t, int n, int c, int h, int w, const char* what, 
 
 }  // namespace
 
-Tensor Layer::forward(const Tensor& x, bool recompute) {
+Tensor Layer::forward(const Tensor& x, ForwardMode mode) {
   const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
-  check_shape(x, ctx_.local_batch, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
-  return forward_impl(x, recompute);
+  const int n = mode == ForwardMode::Eval ? std::max(x.n(), 1) : ctx_.local_batch;
+  check_shape(x, n, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
+  return forward_impl(x, mode);
 }
 
 Tensor Layer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
@@ -127,19 +129,21 @@ class Conv2DLayer : public WindowedLayer {
     g.pad_right = pad_right_;
     return g;
   }
+  // One kernel per batch size: training and inference may take different batches.
   ConvKernel& kernel(const ConvGeom& g) {
-    if (!conv_) conv_ = ctx_.backend.make_conv(g);
-    return *conv_;
+    SizedKernel& k = g.n == ctx_.local_batch ? train_conv_ : other_conv_;
+    if (!k.kernel || k.batch != g.n) k = {ctx_.backend.make_conv(g), g.n};
+    return *k.kernel;
   }
-  Tensor forward_impl(const Tensor& x, bool) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
     const Tensor& in = gather(x);
     const ConvGeom g = geom(in);
-    Tensor y = make_output(spec().out.c, out_rect_, "output");
+    Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     if (g.hout() != y.h() || g.wout() != y.w())
       throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
                                          g.wout(), y.h(), y.w()));
     kernel(g).forward(in.data(), weight("kernel:0"), weight("bias:0"), y.data());
-    if (!keeps_ext()) ext_.release();
+    if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
@@ -157,7 +161,11 @@ class Conv2DLayer : public WindowedLayer {
   }
 
  private:
-  std::unique_ptr<ConvKernel> conv_;
+  struct SizedKernel {
+    std::unique_ptr<ConvKernel> kernel;
+    int batch = 0;
+  };
+  SizedKernel train_conv_, other_conv_;  // the training batch's, and inference's
 };
 
 class PoolLayer : public WindowedLayer {
@@ -183,15 +191,16 @@ class PoolLayer : public WindowedLayer {
     g.pad_right = pad_right_;
     return g;
   }
-  Tensor forward_impl(const Tensor& x, bool) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
     const Tensor& in = gather(x);
     const PoolGeom g = geom(in);
-    Tensor y = make_output(spec().out.c, out_rect_, "output");
+    Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     if (is_max())
       ctx_.backend.max_pool_forward(g, in.data(), y.data());
     else
       ctx_.backend.avg_pool_forward(g, in.data(), y.data());
-    if (!is_max() || !keeps_ext()) ext_.release();  // average pooling's backward needs only shapes
+    // Average pooling's backward needs only shapes; inference needs nothing.
+    if (!is_max() || !keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
@@ -219,7 +228,8 @@ class BatchNormLayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x, bool recompute) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
+    if (mode == ForwardMode::Eval) return forward_inference(x);
     const int c = x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
     const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
@@ -234,10 +244,27 @@ class BatchNormLayer : public Layer {
     ctx_.world.allreduce_sum_host(sq.data(), c);
     const double eps = spec().config.epsilon;
     for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);
-    if (!recompute) update_moving_statistics(sq, count);
+    if (mode == ForwardMode::Train) update_moving_statistics(sq, count);
     Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
     ctx_.backend.bn_forward_apply(x.n(), c, hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
                                   weight("beta:0"), y.data());
+    return y;
+  }
+  // Keras's inference: the moving statistics normalise; nothing is kept or updated.
+  Tensor forward_inference(const Tensor& x) {
+    const int c = x.c();
+    std::vector<float> mm(c), mv(c);
+    ctx_.backend.to_host(mm.data(), ctx_.params.value(*ctx_.params.find(index_, "moving_mean:0")), c * sizeof(float));
+    ctx_.backend.to_host(mv.data(), ctx_.params.value(*ctx_.params.find(index_, "moving_variance:0")),
+                         c * sizeof(float));
+    std::vector<double> mean(c), invstd(c);
+    for (int i = 0; i < c; ++i) {
+      mean[i] = mm[i];
+      invstd[i] = 1.0 / std::sqrt(double(mv[i]) + spec().config.epsilon);
+    }
+    Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
+    ctx_.backend.bn_forward_apply(x.n(), c, int64_t(x.h()) * x.w(), x.data(), mean.data(), invstd.data(),
+                                  weight("gamma:0"), weight("beta:0"), y.data());
     return y;
   }
   void update_moving_statistics(const std::vector<double>& sq, double count) {
@@ -286,7 +313,7 @@ class ReLULayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x, bool) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
     ctx_.backend.relu_forward(x.size(), x.data(), y.data());
     return y;
@@ -307,7 +334,7 @@ class GlobalAvgPoolLayer : public Layer {
 
  protected:
   double pixels() const { return double(spec().in.h) * spec().in.w; }
-  Tensor forward_impl(const Tensor& x, bool) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
     std::vector<double> sums(size_t(x.n()) * x.c(), 0.0);
     ctx_.backend.global_avg_sum(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), sums.data());
     ctx_.group.allreduce_sum_host(sums.data(), sums.size());
@@ -334,7 +361,7 @@ class DenseLayer : public Layer {
   using Layer::Layer;
 
  protected:
-  Tensor forward_impl(const Tensor& x, bool) override {
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
     Tensor y(ctx_.backend.allocator(), x.n(), spec().out.c, 1, 1, "output of " + label());
     ctx_.backend.dense_forward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), weight("bias:0"), y.data());
     return y;
@@ -367,6 +394,11 @@ std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index) {
     case LayerType::Dense: return std::make_unique<DenseLayer>(ctx, index);
   }
   throw std::logic_error("unknown layer type");
+}
+
+Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x) {
+  for (const auto& layer : layers) x = layer->forward(x, ForwardMode::Eval);
+  return x;
 }
 
 }  // namespace ht

@@ -16,6 +16,12 @@
 
 namespace ht {
 
+// What a forward is for. Train keeps what backward needs and updates batch-norm moving
+// statistics; Recompute runs it again during backward (the recompute policy) and leaves
+// the model state as the first run left it; Eval is inference: batch norm uses its moving
+// statistics and nothing is kept.
+enum class ForwardMode { Train, Recompute, Eval };
+
 struct LayerContext {
   const ShardPlan& plan;
   int rank;
@@ -23,8 +29,8 @@ struct LayerContext {
   Comm& group;  // the shards of this rank's sample group: global pooling
   ComputeBackend& backend;
   ParamStore& params;
-  int local_batch;   // images per step on this rank's group
-  int global_batch;  // images per step, all groups
+  int local_batch;   // images per (micro-)batch on this rank's group, when training
+  int global_batch;  // images per (micro-)batch, all groups: batch-norm statistics
   const LayerPolicies& policies;  // activation policy per layer, the same on every rank
   bool group_leader() const { return plan.shard_of(rank) == 0; }
 };
@@ -37,10 +43,9 @@ class Layer {
   const LayerSpec& spec() const { return ctx_.plan.model.layers[index_]; }
   int index() const { return index_; }
 
-  // x: this rank's owned part of the input [b, c, h, w]; returns the owned output.
-  // `recompute`: the forward runs again during backward (the recompute policy) and must
-  // leave the model state (batch-norm moving statistics) as the first run left it.
-  Tensor forward(const Tensor& x, bool recompute = false);
+  // x: this rank's owned part of the input [b, c, h, w]; returns the owned output. Train
+  // and Recompute take local_batch images; Eval any number.
+  Tensor forward(const Tensor& x, ForwardMode mode = ForwardMode::Train);
   // x, y: the input and output of forward; dy: gradient of y. Writes weight gradients and
   // returns the gradient of the owned input (empty when !need_dx).
   Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx);
@@ -48,9 +53,9 @@ class Layer {
   virtual void release_saved() {}
 
  protected:
-  virtual Tensor forward_impl(const Tensor& x, bool recompute) = 0;
+  virtual Tensor forward_impl(const Tensor& x, ForwardMode mode) = 0;
   virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
-  Tensor make_output(int c, const Rect& rect, const std::string& what);
+  Tensor make_output(int n, int c, const Rect& rect, const std::string& what);
   float* weight(const std::string& name);
   float* weight_grad(const std::string& name);
   std::string label() const;  // "conv2d_1 (rank 0)" for allocation messages
@@ -61,5 +66,9 @@ class Layer {
 };
 
 std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index);
+
+// The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: each
+// activation is freed once the next layer has read it. Returns the owned output.
+Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x);
 
 }  // namespace ht

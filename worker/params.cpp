@@ -5,7 +5,7 @@
 
 namespace ht {
 
-ParamStore::ParamStore(const ModelSpec& model, ComputeBackend& backend) : backend_(backend) {
+ParamStore::ParamStore(const ModelSpec& model, ComputeBackend& backend, Gradients gradients) : backend_(backend) {
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerSpec& layer = model.layers[l];
     for (const WeightSpec& w : layer.weights) {
@@ -24,9 +24,9 @@ ParamStore::ParamStore(const ModelSpec& model, ComputeBackend& backend) : backen
   }
   Allocator& a = backend.allocator();
   values_ = Tensor(a, 1, 1, 1, int(trainable_), "parameters");
-  grads_ = Tensor(a, 1, 1, 1, int(trainable_), "gradients");
+  if (gradients == Gradients::Kept) grads_ = Tensor(a, 1, 1, 1, int(trainable_), "gradients");
   buffers_ = Tensor(a, 1, 1, 1, int(buffer_count_), "batch-norm moving statistics");
-  if (trainable_) backend.fill_zero(grads_.data(), trainable_);
+  if (!grads_.empty()) backend.fill_zero(grads_.data(), trainable_);
 }
 
 const ParamRef* ParamStore::find(int layer, const std::string& weight) const {

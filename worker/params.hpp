@@ -28,9 +28,12 @@ struct ParamRef {
   size_t count = 0;
 };
 
+// Training keeps a gradient per trainable weight; inference has none.
+enum class Gradients { Kept, None };
+
 class ParamStore {
  public:
-  ParamStore(const ModelSpec& model, ComputeBackend& backend);
+  ParamStore(const ModelSpec& model, ComputeBackend& backend, Gradients gradients = Gradients::Kept);
 
   const std::vector<ParamRef>& refs() const { return refs_; }
   const ParamRef* find(int layer, const std::string& weight) const;

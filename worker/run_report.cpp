@@ -13,6 +13,7 @@
 
 #include "orchestrator/files.hpp"
 #include "worker/data_reader.hpp"
+#include "worker/evaluation.hpp"
 #include "worker/h5.hpp"
 #include "worker/log.hpp"
 
@@ -111,18 +112,27 @@ std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64
   fs::remove(dir / "memory.csv", ec);
 
   const std::string metrics = (dir / "metrics.csv").string();
-  std::string kept = std::string(kMetricsHeader) + "\n";
+  std::string header = kMetricsHeader;
+  for (const std::string& column : validation_columns(config)) header += "," + column;
+  const size_t columns = size_t(std::count(header.begin(), header.end(), ',')) + 1;
+  std::string kept = header + "\n";
   if (start_step > 0 && fs::is_regular_file(metrics, ec)) {
+    // Rows of the steps before the resume point, under this run's header: a row logged
+    // without validation columns gets them empty.
     const std::string text = read_text_file(metrics);
     size_t at = text.find('\n');
-    if (at != std::string::npos) kept = text.substr(0, at + 1);  // the header it was written with
     while (at != std::string::npos) {
       const size_t begin = at + 1, end = text.find('\n', begin);
       if (end == std::string::npos) break;  // a row cut short by a crash
-      const std::string row = text.substr(begin, end - begin);
+      std::string row = text.substr(begin, end - begin);
       char* stop = nullptr;
       const long long step = std::strtoll(row.c_str(), &stop, 10);
-      if (stop != row.c_str() && *stop == ',' && step <= start_step) kept += row + "\n";
+      if (stop != row.c_str() && *stop == ',' && step <= start_step) {
+        size_t fields = size_t(std::count(row.begin(), row.end(), ',')) + 1;
+        for (; fields < columns; ++fields) row += ",";
+        while (fields-- > columns) row.erase(row.rfind(','));
+        kept += row + "\n";
+      }
       at = end;
     }
   }

@@ -25,6 +25,11 @@ int64_t total_steps(const Config& c, int64_t samples) {
   if (c.training.steps > 0) return c.training.steps;
   return (c.training.epochs * samples + c.training.batch_size - 1) / c.training.batch_size;
 }
+std::string format_values(const MetricValues& values, const char* prefix) {
+  std::string out;
+  for (const auto& [name, v] : values) out += fmt::format("  {}{} {:.6f}", prefix, name, v);
+  return out;
+}
 }  // namespace
 
 // Rank 0's view for the user: a progress line on a terminal, plain log lines otherwise,
@@ -64,6 +69,9 @@ Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& wo
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
   data_ = std::make_unique<BatchSource>(config, plan, rank, *backend_);
+  if (!config.data.validation.empty())
+    validation_ = std::make_unique<BatchSource>(config, plan, rank, *backend_, DataPurpose::Evaluate,
+                                                config.data.validation);
   // Rank 0 writes the checkpoints. It claims the run directory once every input checked
   // out, so a run refused for its device, weights or data leaves nothing behind.
   if (rank == 0) {
@@ -101,9 +109,12 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
     put(optimizer_.m, restore->m);
     put(optimizer_.v, restore->v);
   }
-  const int local_batch = config_.training.batch_size / plan_.groups;
-  LayerContext ctx{plan_,      rank_,       *world_,   *group_, *backend_, *params_, local_batch,
-                   config_.training.batch_size, policies_};
+  const int micro = config_.training.batch_size / config_.training.accumulate;
+  if (config_.training.accumulate > 1) {
+    grad_sum_ = Tensor(a, 1, 1, 1, int(n), "accumulated gradients");
+    backend_->fill_zero(grad_sum_.data(), n);
+  }
+  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, micro / plan_.groups, micro, policies_};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
 }
@@ -127,10 +138,12 @@ void Trainer::recycle_in_process() {
   const HostSnapshot snapshot = take_snapshot();
   layers_.clear();
   optimizer_ = OptimizerState{};
+  grad_sum_.release();
   params_.reset();
   test_leak_.clear();
   const std::string device = backend_->device_name();
   data_->rebind(nullptr);
+  if (validation_) validation_->rebind(nullptr);
   // Comms on the device go first (their staging is the backend's memory); a device world
   // comm (NCCL) is rebuilt too.
   group_.reset();
@@ -139,6 +152,7 @@ void Trainer::recycle_in_process() {
   backend_.reset();
   build_device_state(&snapshot);
   data_->rebind(backend_.get());
+  if (validation_) validation_->rebind(backend_.get());
   if (rank_ == 0) {
     const std::optional<uint64_t> free = backend_->device_free_bytes();
     log().info("recycled the device state of {} (and of every other rank){}", device,
@@ -226,11 +240,31 @@ void Trainer::restore(StepActivations& a, int i) {
   int k = i - 1;
   while (a.device[k].empty() && a.host[k].empty()) --k;
   restore(a, k);
-  for (int j = k; j < i; ++j) a.device[j + 1] = layers_[j]->forward(a.device[j], true);
+  for (int j = k; j < i; ++j) a.device[j + 1] = layers_[j]->forward(a.device[j], ForwardMode::Recompute);
 }
 
 double Trainer::train_step(int64_t step) {
-  Batch batch = data_->load(step);
+  const int k = config_.training.accumulate;
+  double loss = 0;
+  const size_t n = params_->trainable_count();
+  float* grads = params_->grads().data();
+  for (int micro = 0; micro < k; ++micro) {
+    loss += train_micro_batch(step, micro);
+    // Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_,
+    // and the last adds it in, in micro-batch order.
+    if (k == 1) break;
+    if (micro == 0) backend_->copy(grad_sum_.data(), grads, n);
+    else if (micro + 1 < k) backend_->add(grad_sum_.data(), grads, n);
+    else backend_->add(grads, grad_sum_.data(), n);
+  }
+  // One all-reduce of every weight gradient, summed in rank order.
+  world_->allreduce_sum(grads, n);
+  optimizer_step(step);
+  return loss;
+}
+
+double Trainer::train_micro_batch(int64_t step, int micro) {
+  Batch batch = data_->load(step, micro);
   const int L = int(layers_.size());
   StepActivations acts(L);
   acts.device[0] = std::move(batch.images);
@@ -257,23 +291,35 @@ double Trainer::train_step(int64_t step) {
     acts.device[l + 1].release();
     dy = std::move(dx);
   }
-  // One all-reduce of every weight gradient, summed in rank order.
-  world_->allreduce_sum(params_->grads().data(), params_->trainable_count());
-  optimizer_step(step);
   return loss;
 }
 
+double Trainer::learning_rate(int64_t step) const {
+  return scheduled_lr(config_.training.lr_schedule, config_.training.optimizer.lr, step,
+                      total_steps(config_, data_->samples()));
+}
+
+// PyTorch's semantics: weight decay as torch.optim.AdamW (the weights shrink by lr*wd
+// before the Adam update) or torch.optim.SGD (wd*w added to the gradient).
 void Trainer::optimizer_step(int64_t step) {
   const OptimizerConfig& o = config_.training.optimizer;
   const size_t n = params_->trainable_count();
+  const double lr = learning_rate(step), decay = config_.training.weight_decay;
   float* w = params_->values().data();
-  const float* g = params_->grads().data();
-  if (o.type == OptimizerType::Adam)
-    backend_->adam_step(n, w, g, optimizer_.m.data(), optimizer_.v.data(), o.lr, o.beta1, o.beta2,
-                        o.epsilon, step + 1);
-  else
-    backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data(), float(o.lr),
+  float* g = params_->grads().data();
+  if (o.type == OptimizerType::Adam) {
+    if (decay > 0) backend_->scale(w, float(1.0 - lr * decay), n);
+    backend_->adam_step(n, w, g, optimizer_.m.data(), optimizer_.v.data(), lr, o.beta1, o.beta2, o.epsilon,
+                        step + 1);
+  } else {
+    if (decay > 0) backend_->add_scaled(g, w, float(decay), n);
+    backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data(), float(lr),
                        float(o.momentum));
+  }
+}
+
+MetricValues Trainer::validate() {
+  return evaluate_file(layers_, *backend_, *validation_, config_, plan_, rank_, *world_);
 }
 
 std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
@@ -307,24 +353,32 @@ void Trainer::write_memory_report() {
              100 * worst, config_.run_dir);
 }
 
-void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, bool logged) {
+void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, bool logged,
+                     const MetricValues& val) {
   Reporter& r = *reporter_;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
   const int64_t done = step + 1;
   const double ips = config_.training.batch_size / std::max(seconds, 1e-9);
   const int64_t epoch = data_->epoch_of_step(step);
-  if (logged)
-    r.csv << fmt::format("{},{},{:.8g},{:.8g},{:.6f},{:.4f},{}\n", done, epoch, loss,
-                       config_.training.optimizer.lr, seconds, ips, peak);
-  if (logged) r.csv.flush();
+  if (logged) {
+    r.csv << fmt::format("{},{},{:.8g},{:.8g},{:.6f},{:.4f},{}", done, epoch, loss, learning_rate(step), seconds,
+                         ips, peak);
+    // The validation columns, empty on the rows where it did not run.
+    for (size_t i = 0; i < validation_columns(config_).size(); ++i)
+      r.csv << "," << (i < val.size() ? fmt::format("{:.8g}", val[i].second) : "");
+    r.csv << "\n";
+    r.csv.flush();
+  }
   const double eta = elapsed / double(done - start_step_) * double(r.total - done);
   const std::string line = fmt::format(
-      "step {}/{}  loss {:.6f}  {:.2f} images/s  memory {:.1f}/{:.1f} MiB  ETA {:.0f}s", done, r.total, loss,
-      ips, peak / 1048576.0, config_.parallel.device_memory / 1048576.0, std::max(eta, 0.0));
+      "step {}/{}  loss {:.6f}{}  {:.2f} images/s  memory {:.1f}/{:.1f} MiB  ETA {:.0f}s", done, r.total, loss,
+      format_values(val, "val_"), ips, peak / 1048576.0, config_.parallel.device_memory / 1048576.0,
+      std::max(eta, 0.0));
   if (r.tty) {
     std::fprintf(stdout, "\r%s\x1b[K", line.c_str());
-    if (done == r.total) std::fprintf(stdout, "\n");
+    // A validation's figures stay on the screen: the line after it starts anew.
+    if (done == r.total || !val.empty()) std::fprintf(stdout, "\n");
     std::fflush(stdout);
   } else if (logged) {
     log().info(line);
@@ -402,11 +456,17 @@ TrainSummary Trainer::run() {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t done = step + 1;
     const bool last = done == total;
-    const bool logged = last || step == start_step_ || done % config_.training.log_every == 0;
+    const int64_t every_val = config_.training.validate_every;
+    MetricValues val;
+    if (validation_ && (last || (every_val > 0 && done % every_val == 0))) {
+      val = validate();
+      summary.validation = val;
+    }
+    const bool logged = last || step == start_step_ || done % config_.training.log_every == 0 || !val.empty();
     uint64_t peak = 0;
     if (logged) peak = max_peak_over_ranks();
     if (rank_ == 0 && (logged || r.tty))
-      report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged);
+      report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged, val);
     const bool recycle_now = recycle_every > 0 && done % recycle_every == 0 && !last;
     const bool restart_now = recycle_now && config_.recycle.mode == RecycleMode::Restart;
     bool written = false;

@@ -13,6 +13,8 @@
 #include "worker/checkpoint.hpp"
 #include "worker/checkpoint_dir.hpp"
 #include "worker/comm.hpp"
+#include "worker/evaluation.hpp"
+#include "worker/launcher.hpp"
 #include "worker/layers.hpp"
 
 namespace ht {
@@ -29,12 +31,8 @@ struct TrainSummary {
   double final_loss = 0;
   std::string checkpoint;  // the last one written
   uint64_t peak_device_bytes = 0;
+  MetricValues validation;  // the last validation's loss and metrics; empty without one
 };
-
-// Makes the comm over all ranks that lives on a backend's device (NCCL); called after the
-// backend is created, and again after each recycle. Without a factory, or when it returns
-// null, the trainer uses the comm it was given (MPI, local threads) as is.
-using DeviceWorldFactory = std::function<std::unique_ptr<Comm>(ComputeBackend& backend)>;
 
 class Trainer {
  public:
@@ -54,6 +52,9 @@ class Trainer {
   std::string checkpoint(int64_t steps_done);
   void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
   double train_step(int64_t step);
+  double train_micro_batch(int64_t step, int micro);  // forward and backward; returns its share of the loss
+  MetricValues validate();  // collective: loss and metrics over data.validation, inference mode
+  double learning_rate(int64_t step) const;
   struct StepActivations;
   void stash(StepActivations& acts, int index);     // after the last forward read of acts[index]
   void finish_offload(StepActivations& acts);        // the copy under way is done: free its source
@@ -65,7 +66,7 @@ class Trainer {
   uint64_t max_peak_over_ranks();
   void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank
   std::string refresh_report();  // rank 0: run_dir/report.html from the run's files so far; "" if not
-  void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged);
+  void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged, const MetricValues& val);
 
   const Config& config_;
   const ShardPlan& plan_;
@@ -82,6 +83,8 @@ class Trainer {
   std::unique_ptr<ParamStore> params_;
   OptimizerState optimizer_;
   std::unique_ptr<BatchSource> data_;
+  std::unique_ptr<BatchSource> validation_;  // data.validation, when set
+  Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;

@@ -145,6 +145,11 @@ void CudaBackend::add(float* dst, const float* src, size_t count) {
   launch_add(dst, src, count);
 }
 
+void CudaBackend::add_scaled(float* dst, const float* src, float alpha, size_t count) {
+  bind();
+  launch_add_scaled(dst, src, alpha, count);
+}
+
 void CudaBackend::scale(float* dst, float factor, size_t count) {
   bind();
   launch_scale(dst, factor, count);

@@ -48,6 +48,7 @@ class CudaBackend final : public ComputeBackend {
   void fill_zero(float* dst, size_t count) override;
   void copy(float* dst, const float* src, size_t count) override;
   void add(float* dst, const float* src, size_t count) override;
+  void add_scaled(float* dst, const float* src, float alpha, size_t count) override;
   void scale(float* dst, float factor, size_t count) override;
   void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
                  float* dst) override;

@@ -9,6 +9,10 @@ __global__ void add_kernel(float* dst, const float* src, size_t count) {
   HT_GRID_STRIDE(i, count) dst[i] += src[i];
 }
 
+__global__ void add_scaled_kernel(float* dst, const float* src, float alpha, size_t count) {
+  HT_GRID_STRIDE(i, count) dst[i] += alpha * src[i];
+}
+
 __global__ void scale_kernel(float* dst, float factor, size_t count) {
   HT_GRID_STRIDE(i, count) dst[i] *= factor;
 }
@@ -56,6 +60,12 @@ __global__ void broadcast_planes_kernel(int64_t total, int64_t hw, const float* 
 void launch_add(float* dst, const float* src, size_t count) {
   if (!count) return;
   add_kernel<<<grid_for(count), kThreads>>>(dst, src, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_scaled(float* dst, const float* src, float alpha, size_t count) {
+  if (!count) return;
+  add_scaled_kernel<<<grid_for(count), kThreads>>>(dst, src, alpha, count);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -14,6 +14,7 @@ namespace ht::cuda {
 
 // elementwise.cu
 void launch_add(float* dst, const float* src, size_t count);
+void launch_add_scaled(float* dst, const float* src, float alpha, size_t count);  // dst += alpha*src
 void launch_scale(float* dst, float factor, size_t count);
 void launch_relu_forward(size_t count, const float* x, float* y);
 void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx);

@@ -201,7 +201,7 @@ class Torch:
     def params(self):
         return [t for (n, w), t in self.p.items() if t.requires_grad]
 
-    def forward(self, x):
+    def forward(self, x, training=True):
         for n, l in zip(self.names, self.case["layers"]):
             t = l["type"]
             if t == "conv2d":
@@ -212,7 +212,7 @@ class Torch:
                              stride=s, dilation=d)
             elif t == "batch_norm":
                 x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
-                                 self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=True,
+                                 self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=training,
                                  momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
             elif t == "relu":
                 x = F.relu(x)

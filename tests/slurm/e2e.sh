@@ -73,6 +73,7 @@ sets_for() {
         --set checkpoint.keep=3 --set training.log_every=1
         --set "data.synthesize={count: 8, height: $h, width: $w, channels: 1, classes: 2}"
         --set "model.input=[$h, $w, 1]" --set "data.train=$WORK/data-${h}x$w.h5"
+        --set "data.validation=$WORK/val-${h}x$w.h5"
         --set slurm.partition=local --set slurm.time=10 --set slurm.nodes=1
         --set parallel.devices_per_node=2 --set "parallel.grid=[2, 1]")
 }

@@ -67,6 +67,9 @@ class StandInDevice final : public ComputeBackend {
   void fill_zero(float* dst, size_t count) override { cpu_->fill_zero(dst, count); }
   void copy(float* dst, const float* src, size_t count) override { cpu_->copy(dst, src, count); }
   void add(float* dst, const float* src, size_t count) override { cpu_->add(dst, src, count); }
+  void add_scaled(float* dst, const float* src, float alpha, size_t count) override {
+    cpu_->add_scaled(dst, src, alpha, count);
+  }
   void scale(float* dst, float factor, size_t count) override { cpu_->scale(dst, factor, count); }
   void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
                  float* dst) override {

@@ -1,0 +1,310 @@
+#include "worker/inference.hpp"
+
+#include <fmt/format.h>
+#include <hdf5.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "orchestrator/files.hpp"
+#include "orchestrator/memory_model.hpp"
+#include "worker/checkpoint.hpp"
+#include "worker/checkpoint_dir.hpp"
+#include "worker/h5.hpp"
+#include "worker/keras_h5.hpp"
+#include "worker/launcher.hpp"
+#include "worker/layers.hpp"
+#include "worker/log.hpp"
+#include "worker/run_report.hpp"
+
+namespace ht {
+
+namespace {
+
+// The checkpoint to run: the one named (it must verify and be of this model), or the
+// newest valid one in run_dir/checkpoints.
+std::string choose_checkpoint(const Config& config, const ModelSpec& model, const std::string& named) {
+  std::string path = named;
+  if (path.empty()) {
+    const std::string dir = config.run_dir + "/checkpoints";
+    for (const auto& [step, candidate] : list_checkpoints(dir))
+      if (checkpoint_problem(candidate).empty()) {
+        path = candidate;
+        break;
+      }
+    if (path.empty())
+      throw ConfigError(fmt::format("{}: no valid checkpoint to evaluate (train first, or pass --checkpoint FILE)",
+                                    dir));
+  }
+  if (const std::string problem = input_file_problem(path); !problem.empty())
+    throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
+  if (const std::string problem = checkpoint_problem(path); !problem.empty())
+    throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
+  const std::string hash = KerasWeightsFile(path).read_state().model_hash;
+  if (hash != model_hash(model))
+    throw ConfigError(fmt::format("--checkpoint {} was written for another model (model hash {}, {}'s is {}): its "
+                                  "layers or model.input differ",
+                                  path, hash, config.source_path, model_hash(model)));
+  return path;
+}
+
+// The input must be what the model takes: a file name for messages, like data.train.
+void check_input_file(const std::string& path, const char* flag) {
+  if (const std::string problem = input_file_problem(path); !problem.empty() && problem != "does not exist")
+    throw ConfigError(fmt::format("{} {}: {}", flag, path, problem));
+}
+
+// Rank 0's output file: written under a temporary name, renamed onto the real one only
+// when every image is in it, removed when anything fails.
+class PredictionFile {
+ public:
+  PredictionFile(const std::string& path, const std::vector<int64_t>& shape, LossType loss)
+      : path_(path), temp_(h5::temp_path(path)), shape_(shape), loss_(loss) {
+    h5::quiet();
+    try {
+      file_ = h5::create_file(temp_);
+      std::vector<int64_t> chunk = shape;
+      chunk[0] = shape.size() == 2 ? std::min<int64_t>(shape[0], 4096) : 1;
+      if (shape.size() == 4) {
+        chunk[1] = std::min<int64_t>(shape[1], 256);
+        chunk[2] = std::min<int64_t>(shape[2], 256);
+      }
+      data_ = h5::create_dataset(file_, "predictions", H5T_IEEE_F32LE, shape, chunk);
+    } catch (const std::exception& e) {
+      std::remove(temp_.c_str());
+      throw ConfigError(fmt::format("--output {}: cannot create it: {}", path, e.what()));
+    }
+  }
+  ~PredictionFile() {
+    if (committed_) return;
+    data_ = h5::Hid();
+    file_ = h5::Hid();
+    std::remove(temp_.c_str());
+  }
+
+  // Image `index`, rows [row0, row0 + rows) x cols [col0, col0 + cols) of the output, from
+  // [C][rows][cols] raw outputs: turned into probabilities and written channels-last.
+  void write_tile(int64_t index, int row0, int col0, int C, int rows, int cols, const float* chw) {
+    std::vector<float> hwc(size_t(C) * rows * cols);
+    const size_t plane = size_t(rows) * cols;
+    for (size_t p = 0; p < plane; ++p) {
+      float* out = hwc.data() + p * C;
+      for (int c = 0; c < C; ++c) out[c] = chw[size_t(c) * plane + p];
+      activate(out, C);
+    }
+    h5::write_hyperslab(data_, {index, row0, col0, 0}, {1, rows, cols, C}, H5T_NATIVE_FLOAT, hwc.data());
+  }
+  // Images [first, first + n) of a classifier, [n][K] raw outputs.
+  void write_rows(int64_t first, int n, int K, const float* rows) {
+    std::vector<float> v(rows, rows + size_t(n) * K);
+    for (int i = 0; i < n; ++i) activate(v.data() + size_t(i) * K, K);
+    h5::write_hyperslab(data_, {first, 0}, {n, K}, H5T_NATIVE_FLOAT, v.data());
+  }
+  void commit() {
+    data_ = h5::Hid();
+    file_ = h5::Hid();
+    h5::commit_file(temp_, path_);
+    committed_ = true;
+  }
+
+ private:
+  // softmax_cross_entropy: softmax over the channels; sigmoid_bce: sigmoid; mse: as is.
+  void activate(float* v, int k) const {
+    if (loss_ == LossType::SigmoidBCE) {
+      for (int i = 0; i < k; ++i) v[i] = float(1.0 / (1.0 + std::exp(-double(v[i]))));
+    } else if (loss_ == LossType::SoftmaxCrossEntropy) {
+      const double top = *std::max_element(v, v + k);
+      double sum = 0;
+      for (int i = 0; i < k; ++i) sum += std::exp(double(v[i]) - top);
+      for (int i = 0; i < k; ++i) v[i] = float(std::exp(double(v[i]) - top) / sum);
+    }
+  }
+
+  std::string path_, temp_;
+  std::vector<int64_t> shape_;
+  LossType loss_;
+  h5::Hid file_, data_;
+  bool committed_ = false;
+};
+
+// One rank's device state for inference: backend, weights (no gradients), layers.
+class InferenceWorker {
+ public:
+  InferenceWorker(const Config& config, const ShardPlan& plan, int rank, Comm& world, const BackendOptions& options,
+                  const DeviceWorldFactory& device_world, const std::string& checkpoint)
+      : config_(config), plan_(plan), rank_(rank), policies_(plan.model.layers.size(), ActivationPolicy::Keep) {
+    backend_ = make_backend(options);
+    if (device_world) device_world_ = device_world(*backend_);
+    world_ = device_world_ ? device_world_.get() : &world;
+    group_ = world_->split(plan.group_of(rank));
+    params_ = std::make_unique<ParamStore>(plan.model, *backend_, Gradients::None);
+    OptimizerState none;
+    step_ = load_checkpoint(checkpoint, config, plan.model, *params_, none, *backend_, false).step;
+    const int micro = config.training.batch_size / config.training.accumulate;
+    LayerContext ctx{plan, rank, *world_, *group_, *backend_, *params_, micro / plan.groups, micro, policies_};
+    for (int l = 0; l < int(plan.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
+  }
+
+  int64_t step() const { return step_; }
+  ComputeBackend& backend() { return *backend_; }
+  Comm& world() { return *world_; }
+
+  // The peak device bytes of every rank, on every rank (collective).
+  std::vector<double> peaks() {
+    std::vector<double> p(world_->size(), 0.0);
+    p[rank_] = double(backend_->allocator().peak());
+    world_->allreduce_sum_host(p.data(), p.size());
+    return p;
+  }
+
+  MetricValues evaluate(BatchSource& data) { return evaluate_file(layers_, *backend_, data, config_, plan_, rank_, *world_); }
+
+  void predict(BatchSource& data, PredictionFile* out);
+
+ private:
+  const Config& config_;
+  const ShardPlan& plan_;
+  int rank_;
+  LayerPolicies policies_;
+  int64_t step_ = 0;
+  std::unique_ptr<ComputeBackend> backend_;  // declared first: destroyed last
+  std::unique_ptr<Comm> device_world_;
+  Comm* world_ = nullptr;
+  std::unique_ptr<Comm> group_;
+  std::unique_ptr<ParamStore> params_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
+  const ModelSpec& m = plan_.model;
+  const int L = int(m.layers.size());
+  const bool spatial = m.spatial_layers == L;
+  const int C = m.output().c;
+  const int64_t N = data.samples();
+  const int b = data.micro_batch();
+  for (int64_t round = 0; round < data.rounds(); ++round) {
+    Batch batch = data.load_round(round);
+    const Tensor y = forward_inference(layers_, std::move(batch.images));
+    // Every rank whose output counts sends it to rank 0 in bands of rows, in rank order;
+    // rank 0 takes its own the same way, so one rule sizes every band.
+    for (int r = 0; r < world_->size(); ++r) {
+      if (!spatial && plan_.shard_of(r) != 0) continue;  // a classifier's output is its group's
+      if (rank_ != 0 && rank_ != r) continue;
+      const int64_t first = round * b * plan_.groups + int64_t(plan_.group_of(r)) * b;
+      const int images = int(std::clamp<int64_t>(N - first, 0, b));
+      if (!spatial) {
+        if (images == 0) continue;
+        Tensor band(backend_->allocator(), 1, 1, 1, b * C, "prediction rows");
+        if (r == rank_) backend_->copy(band.data(), y.data(), size_t(images) * C);
+        if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), size_t(images) * C}}, {});
+        if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), size_t(images) * C}});
+        if (rank_ == 0) {
+          std::vector<float> host(size_t(images) * C);
+          backend_->to_host(host.data(), band.data(), host.size() * sizeof(float));
+          out->write_rows(first, images, C, host.data());
+        }
+        continue;
+      }
+      const Rect tile = plan_.owned_output(L - 1, r);
+      const int rows = tile.rows.size(), cols = tile.cols.size();
+      const int per_band = std::min(rows, prediction_band_rows(C, cols));
+      for (int i = 0; i < images; ++i)
+        for (int r0 = 0; r0 < rows; r0 += per_band) {
+          const int n = std::min(per_band, rows - r0);
+          Tensor band(backend_->allocator(), 1, C, n, cols, "prediction band");
+          const size_t count = size_t(C) * n * cols;
+          if (r == rank_)
+            backend_->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols, band.data());
+          if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), count}}, {});
+          if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), count}});
+          if (rank_ == 0) {
+            std::vector<float> host(count);
+            backend_->to_host(host.data(), band.data(), count * sizeof(float));
+            out->write_tile(first + i, tile.rows.lo + r0, tile.cols.lo, C, n, cols, host.data());
+          }
+        }
+    }
+  }
+}
+
+// What both commands share: the plan of this launch, checked to fit for inference.
+ShardPlan inference_plan(const Config& config, const ModelSpec& model, Inference kind) {
+  const ShardPlan plan = launch_plan(config, model);
+  const MemoryEstimate e = estimate_inference_memory_max(config, plan, kind);
+  if (e.total > config.parallel.device_memory)
+    throw ConfigError(fmt::format("{}: parallel.grid [{}, {}] does not fit for inference: rank {} needs {} per device "
+                                  "(params {}, activations {}) but parallel.device_memory is {}; use a larger grid "
+                                  "(halotrain plan --mode predict shows the sizes)",
+                                  config.source_path, plan.grid_rows, plan.grid_cols, e.rank, format_size(e.total),
+                                  format_size(e.params), format_size(e.activations),
+                                  format_size(config.parallel.device_memory)));
+  return plan;
+}
+
+uint64_t max_of(const std::vector<double>& v) { return uint64_t(*std::max_element(v.begin(), v.end())); }
+
+}  // namespace
+
+EvaluationResult run_evaluation(const Config& config, const std::string& checkpoint, const std::string& data) {
+  const ModelSpec model = build_model_spec(config);
+  EvaluationResult result;
+  result.data = data.empty() ? config.data.validation : data;
+  if (result.data.empty())
+    throw ConfigError(fmt::format("{}: nothing to evaluate on: set data.validation or pass --data FILE.h5",
+                                  config.source_path));
+  check_input_file(result.data, "--data");
+  result.checkpoint = choose_checkpoint(config, model, checkpoint);
+  const ShardPlan plan = inference_plan(config, model, Inference::Evaluate);
+  result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Evaluate).total;
+  run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
+    InferenceWorker worker(config, plan, rank, world, backend, dw, result.checkpoint);
+    BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Evaluate, result.data);
+    MetricValues values = worker.evaluate(source);
+    const uint64_t peak = max_of(worker.peaks());
+    if (rank != 0) return;
+    result.values = std::move(values);
+    result.step = worker.step();
+    result.images = source.samples();
+    result.peak_device_bytes = peak;
+  });
+  nlohmann::json j{{"checkpoint", result.checkpoint}, {"step", result.step},       {"data", result.data},
+                   {"images", result.images},         {"grid", {plan.grid_rows, plan.grid_cols}},
+                   {"peak_device_bytes", result.peak_device_bytes},
+                   {"predicted_peak_device_bytes", result.predicted_peak_device_bytes}};
+  for (const auto& [name, v] : result.values) j[name] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+  result.json = fmt::format("{}/eval-{}.json", config.run_dir, result.step);
+  publish_page(result.json, j.dump(2) + "\n");
+  return result;
+}
+
+PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,
+                                const std::string& output) {
+  const ModelSpec model = build_model_spec(config);
+  check_input_file(input, "--input");
+  const std::string ckpt = choose_checkpoint(config, model, checkpoint);
+  const ShardPlan plan = inference_plan(config, model, Inference::Predict);
+  PredictionResult result;
+  result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Predict).total;
+  run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
+    InferenceWorker worker(config, plan, rank, world, backend, dw, ckpt);
+    BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Predict, input);
+    const Shape3 o = model.output();
+    const bool spatial = model.spatial_layers == int(model.layers.size());
+    const std::vector<int64_t> shape = spatial ? std::vector<int64_t>{source.samples(), o.h, o.w, o.c}
+                                               : std::vector<int64_t>{source.samples(), o.c};
+    std::unique_ptr<PredictionFile> out;
+    if (rank == 0) out = std::make_unique<PredictionFile>(output, shape, model.loss);
+    worker.predict(source, out.get());
+    const uint64_t peak = max_of(worker.peaks());
+    if (rank != 0) return;
+    out->commit();
+    result.images = source.samples();
+    result.shape = shape;
+    result.peak_device_bytes = peak;
+  });
+  return result;
+}
+
+}  // namespace ht
