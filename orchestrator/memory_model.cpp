@@ -567,11 +567,19 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
     }
     at_peak(live + band, band, 0);
   }
+  // The CUDA backend's conv scratch, as in training: the cuDNN workspace at its limit and
+  // the largest padded copy, held from the first conv on.
+  if (config.parallel.backend == Backend::CUDA) {
+    e.workspace = cudnn_workspace_bytes(config, m);
+    uint64_t padded = 0;
+    for (const StepMemory::LayerSizes& s : z.layers) padded = std::max(padded, s.padded);
+    e.workspace += padded;
+  }
   e.input = 0;
   e.activations = peak - peak_transient - peak_halo;
   e.transient = peak_transient;
   e.halo = peak_halo;
-  e.total = e.params + peak;
+  e.total = e.params + e.workspace + peak;
   return e;
 }
 

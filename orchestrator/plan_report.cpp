@@ -144,8 +144,9 @@ std::string render_predict_plan(const Config& config, const ShardPlan& plan, boo
     for (size_t r = 0; r < est.size(); ++r) {
       const MemoryEstimate& e = est[r];
       s += fmt::format("    {{\"rank\": {}, \"peak_device_bytes\": {}, \"params\": {}, \"activations\": {}, "
-                       "\"transient\": {}, \"halo\": {}}}{}\n",
-                       r, e.total, e.params, e.activations, e.transient, e.halo, r + 1 < est.size() ? "," : "");
+                       "\"transient\": {}, \"halo\": {}, \"workspace\": {}}}{}\n",
+                       r, e.total, e.params, e.activations, e.transient, e.halo, e.workspace,
+                       r + 1 < est.size() ? "," : "");
     }
     const bool fits = predict_fit_verdict(config, plan).empty();
     s += fmt::format("  ],\n  \"fits\": {}\n}}\n", fits ? "true" : "false");
@@ -159,13 +160,13 @@ std::string render_predict_plan(const Config& config, const ShardPlan& plan, boo
                    to_string(config.parallel.backend));
   s += "inference keeps nothing for a backward: each activation is freed once the next layer has read it\n\n";
   s += fmt::format("peak memory per device (budget {}):\n", format_size(budget));
-  s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", "rank", "params", "activations", "transient",
-                   "halo", "total", "fits");
+  s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", "rank", "params", "activations",
+                   "transient", "halo", "workspace", "total", "fits");
   for (size_t r = 0; r < est.size(); ++r) {
     const MemoryEstimate& e = est[r];
-    s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", r, format_size(e.params),
-                     format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.total),
-                     e.total <= budget ? "yes" : "NO");
+    s += fmt::format("  {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}  {}\n", r, format_size(e.params),
+                     format_size(e.activations), format_size(e.transient), format_size(e.halo),
+                     format_size(e.workspace), format_size(e.total), e.total <= budget ? "yes" : "NO");
   }
   return s;
 }

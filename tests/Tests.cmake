@@ -72,6 +72,13 @@ add_test(NAME cli_robustness
                  ${CMAKE_BINARY_DIR}/robustness-test)
 set_tests_properties(cli_robustness PROPERTIES LABELS checkpoint TIMEOUT 600)
 
+# Bad input to validation, evaluate and predict, and a predict killed mid-write
+# (tests/cli/section8_input_test.py).
+add_test(NAME section8_input
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/section8_input_test.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/section8-input)
+set_tests_properties(section8_input PROPERTIES LABELS checkpoint TIMEOUT 600)
+
 # report.html in headless chromium without network (tests/report/report_test.py): the DOM
 # against metrics.csv and the plan, a screenshot, bad input.
 add_test(NAME report_browser
