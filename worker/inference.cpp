@@ -258,17 +258,20 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
   result.checkpoint = choose_checkpoint(config, model, checkpoint);
   const ShardPlan plan = inference_plan(config, model, Inference::Evaluate);
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Evaluate).total;
+  bool root = false;  // this process holds rank 0 (under MPI, one process does)
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
     InferenceWorker worker(config, plan, rank, world, backend, dw, result.checkpoint);
     BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Evaluate, result.data);
     MetricValues values = worker.evaluate(source);
     const uint64_t peak = max_of(worker.peaks());
     if (rank != 0) return;
+    root = true;
     result.values = std::move(values);
     result.step = worker.step();
     result.images = source.samples();
     result.peak_device_bytes = peak;
   });
+  if (!root) return result;
   nlohmann::json j{{"checkpoint", result.checkpoint}, {"step", result.step},       {"data", result.data},
                    {"images", result.images},         {"grid", {plan.grid_rows, plan.grid_cols}},
                    {"peak_device_bytes", result.peak_device_bytes},

@@ -9,7 +9,7 @@ PART:
   predict    predict == the PyTorch model in eval mode (classifier: softmax; fully
              convolutional: sigmoid), grids 1x1, 2x2, 3x2 (uneven) and mpirun -np 4;
              measured peak device memory == the plan's (plan --mode predict) on every run
-  evaluate   evaluate's loss and metrics == PyTorch's (auc == sklearn's roc_auc_score) on a
+  evaluate   evaluate's loss and metrics (also under mpirun) == PyTorch's (auc == sklearn's roc_auc_score) on a
              file whose size is not a multiple of the batch; validation during training
              writes the same figures to metrics.csv and leaves the checkpoint bit for bit as
              training without it
@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 import checkpoints  # noqa: E402
+import configs  # noqa: E402
 import oracle  # noqa: E402
 
 ATOL, RTOL = oracle.ATOL, oracle.RTOL
@@ -109,20 +110,15 @@ def config(work, tag, case, over):
         parallel=dict(backend="cpu", grid=[1, 1], device_memory="2GiB"),
         checkpoint=dict(every_steps=0, keep=3, resume="never"),
     )
-    return oracle_write(work, tag, cfg, over)
+    return configs.write_config(work, tag, cfg, over)
 
 
-def oracle_write(work, tag, cfg, over):
-    for k, v in over.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = v
-    path = os.path.join(work, tag + ".yaml")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
+def report(line, problems):
+    """Prints `line` as ok or MISMATCH with the first problems; True when it failed."""
+    print(f"  {'ok' if not problems else 'MISMATCH'}: {line}")
+    for p in problems[:8]:
+        print("    " + p)
+    return bool(problems)
 
 
 def torch_from_checkpoint(case, ckpt):
@@ -198,12 +194,8 @@ def part_predict(args, work):
             if not nproc and nums and max(r["peak_device_bytes"] for r in plan["ranks"]) != nums[-1]:
                 problems.append(f"plan --mode predict says {max(r['peak_device_bytes'] for r in plan['ranks'])} B, "
                                 f"the run measured {nums[-1]} B")
-            status = "ok" if not problems else "MISMATCH"
-            print(f"  predict {name} {tag}: {status}, worst {close(got, ref) if got.shape == ref.shape else -1:.3g}; "
-                  f"peak {nums[-1] if nums else '?'} B measured == predicted")
-            for p in problems:
-                print("    " + p)
-            failed |= bool(problems)
+            failed |= report(f"predict {name} {tag}, worst {close(got, ref) if got.shape == ref.shape else -1:.3g}; "
+                             f"peak {nums[-1] if nums else '?'} B measured == predicted", problems)
     return failed
 
 
@@ -252,12 +244,21 @@ def part_evaluate(args, work):
         proc = run([args.halotrain, "evaluate", cfg, "--checkpoint", ckpt], f"{name}: evaluate")
         with open(os.path.join(w, "runs", "val", "eval-12.json")) as f:
             got = json.load(f)
+        sources = [("evaluate", got)]
+        if args.mpirun:
+            # Under MPI, 4 ranks on the grid: one process writes the figures.
+            os.remove(os.path.join(w, "runs", "val", "eval-12.json"))
+            run(mpi(args, 4 if grid == [2, 1] else 6) + [args.halotrain, "evaluate", cfg, "--checkpoint", ckpt],
+                f"{name}: evaluate under mpirun")
+            with open(os.path.join(w, "runs", "val", "eval-12.json")) as f:
+                sources.append(("evaluate under mpirun", json.load(f)))
         import csv
         with open(os.path.join(w, "runs", "val", "metrics.csv")) as f:
             last = list(csv.DictReader(f))[-1]
+        sources.append(("metrics.csv", {k[4:]: v for k, v in last.items() if k.startswith("val_")}))
         worst = 0.0
         for k, r in ref.items():
-            for where, v in (("evaluate", got.get(k)), ("metrics.csv", last.get("val_" + k))):
+            for where, v in ((where, src.get(k)) for where, src in sources):
                 if v in (None, ""):
                     problems.append(f"{where}: no {k}")
                     continue
@@ -267,11 +268,8 @@ def part_evaluate(args, work):
                     problems.append(f"{where} {k}: halotrain {float(v):.8g} vs torch {r:.8g}")
         # Metrics that say something: neither all right nor all wrong.
         problems += [f"{k} is {v}: the data make a weak test" for k, v in ref.items() if k != "loss" and v in (0, 1)]
-        print(f"  evaluate {name} grid {grid}: {'ok' if not problems else 'MISMATCH'}, worst {worst:.3g}; "
-              f"{proc.stdout.strip().splitlines()[0]}")
-        for p in problems:
-            print("    " + p)
-        failed |= bool(problems)
+        failed |= report(f"evaluate {name} grid {grid}, worst {worst:.3g}; {proc.stdout.strip().splitlines()[0]}",
+                         problems)
     return failed
 
 
@@ -329,11 +327,6 @@ def torch_train(case, weights, data, steps, schedule=None, weight_decay=0.0, acc
     return model
 
 
-def compare_ckpt(case, model, ckpt):
-    worst, failures = oracle.compare(case, model, ckpt)
-    return worst, failures
-
-
 def part_optimizer(args, work):
     failed = False
     rng = np.random.default_rng(13)
@@ -357,11 +350,8 @@ def part_optimizer(args, work):
         cfg = config(w, tag, case, over)
         run([args.halotrain, "train", cfg], f"{tag}: train")
         model = torch_train(case, weights, data, 4, **kw)
-        worst, failures = compare_ckpt(case, model, os.path.join(w, "runs", tag, "checkpoints", "ckpt-4.h5"))
-        print(f"  optimizer {tag}: {'ok' if not failures else 'MISMATCH'}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}")
-        for line in failures[:8]:
-            print("    " + line)
-        failed |= bool(failures)
+        worst, failures = oracle.compare(case, model, os.path.join(w, "runs", tag, "checkpoints", "ckpt-4.h5"))
+        failed |= report(f"optimizer {tag}, worst |a-r|/(atol+rtol|r|) = {worst:.3g}", failures)
     return failed
 
 
@@ -417,22 +407,15 @@ def part_augment(args, work):
                                         "parallel.grid": grid, "checkpoint.every_steps": 2})
             run([args.halotrain, "train", cfg], f"{name} {tag}: train")
             ckpts[tag] = os.path.join(w, "runs", tag, "checkpoints", "ckpt-4.h5")
-            worst, failures = compare_ckpt(case, ref, ckpts[tag])
-            print(f"  augment {name} {tag} (flips, crop, downsample {factor}): "
-                  f"{'ok' if not failures else 'MISMATCH'}, worst {worst:.3g}")
-            for line in failures[:8]:
-                print("    " + line)
-            failed |= bool(failures)
+            worst, failures = oracle.compare(case, ref, ckpts[tag])
+            failed |= report(f"augment {name} {tag} (flips, crop, downsample {factor}), worst {worst:.3g}", failures)
         # Resume: 2 steps, then 2 more from ckpt-2, bit for bit as the 4-step run of that grid.
         cfg = config(w, "resume", case, {"data.augment": aug, "data.downsample": factor, "training.steps": 2,
                                          "parallel.grid": [2, 2], "checkpoint.resume": "auto"})
         run([args.halotrain, "train", cfg], f"{name}: first half")
         run([args.halotrain, "train", cfg, "--set", "training.steps=4"], f"{name}: resumed half")
         diffs = checkpoints.differences(ckpts["2x2"], os.path.join(w, "runs", "resume", "checkpoints", "ckpt-4.h5"))
-        print(f"  augment {name} resume 2+2 == 4: {'ok, bit for bit' if not diffs else 'MISMATCH'}")
-        for line in diffs[:8]:
-            print("    " + line)
-        failed |= bool(diffs)
+        failed |= report(f"augment {name} resume 2+2 == 4 bit for bit", diffs)
     return failed
 
 
