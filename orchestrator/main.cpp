@@ -129,14 +129,17 @@ int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
   if (config.recycle.mode == RecycleMode::Restart && config.recycle.every_steps > 0 && !launched_by_mpi() &&
       !std::getenv("HALOTRAIN_SUPERVISED"))
     return relaunch_until_done(config);
-  install_stop_handlers(config.slurm.signal);
+  install_stop_handlers(config.slurm.signal, config.slurm.signal_before);
   log().info("config {} (resolved):\n{}", path, to_yaml(config));
   const TrainSummary s = run_training(config);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
-  log().info("trained {} steps, final loss {:.6f}, peak device memory {:.1f} MiB, process peak RSS {:.1f} MiB; "
+  std::string validation;
+  for (const auto& [name, v] : s.validation) validation += fmt::format(" val_{} {:.6f},", name, v);
+  log().info("trained {} steps, final loss {:.6f},{} peak device memory {:.1f} MiB, process peak RSS {:.1f} MiB; "
              "checkpoint {}",
-             s.steps, s.final_loss, s.peak_device_bytes / 1048576.0, usage.ru_maxrss / 1024.0, s.checkpoint);
+             s.steps, s.final_loss, validation, s.peak_device_bytes / 1048576.0, usage.ru_maxrss / 1024.0,
+             s.checkpoint);
   return 0;
 }
 

@@ -79,6 +79,13 @@ add_test(NAME section8_input
                  ${CMAKE_BINARY_DIR}/section8-input)
 set_tests_properties(section8_input PROPERTIES LABELS checkpoint TIMEOUT 600)
 
+# A stop while blocked in a collective ends the job within slurm.signal_before; fewer
+# images than a batch and a data file cut short are said plainly.
+add_test(NAME stop_and_data
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/stop_and_data_test.py $<TARGET_FILE:halotrain>
+                 ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/stop-and-data)
+set_tests_properties(stop_and_data PROPERTIES LABELS "checkpoint;mpi" TIMEOUT 300)
+
 # report.html in headless chromium without network (tests/report/report_test.py): the DOM
 # against metrics.csv and the plan, a screenshot, bad input.
 add_test(NAME report_browser

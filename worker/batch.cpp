@@ -40,7 +40,11 @@ DataReaderOptions options_for(const Config& config, const ModelSpec& model, Data
                               const std::string& key) {
   DataReaderOptions o = data_reader_options(config, model);
   o.key = key;
-  if (purpose == DataPurpose::Predict) o.targets.clear();
+  // Prediction writes the whole image's output: its images must be model.input's size.
+  if (purpose == DataPurpose::Predict) {
+    o.targets.clear();
+    o.larger_ok = false;
+  }
   return o;
 }
 
@@ -70,6 +74,12 @@ BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, 
   }
   if (reader_->count() < 1)
     throw ConfigError(fmt::format("{}: dataset '{}' holds no images", file, config.data.images));
+  // Fewer images than a batch would put one image twice into the same batch.
+  if (purpose == DataPurpose::Train && reader_->count() < config.training.batch_size)
+    throw ConfigError(fmt::format("{}: data.train holds {} image{}, fewer than training.batch_size {}: every batch "
+                                  "would repeat images; lower training.batch_size or add images",
+                                  file, reader_->count(), reader_->count() == 1 ? "" : "s",
+                                  config.training.batch_size));
 }
 
 BatchSource::~BatchSource() = default;

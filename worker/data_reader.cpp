@@ -240,7 +240,7 @@ DataReader::DataReader(const std::string& path, const DataReaderOptions& options
     m.open_images();
     if (!options.targets.empty()) m.open_targets();
   } catch (const h5::H5Error& e) {
-    throw ConfigError(fmt::format("{}: cannot read the data file ({}): {}", path, options.key, e.what()));
+    throw ConfigError(fmt::format("{}: cannot read the data file ({}): {}", path, options.key, e.reason()));
   }
 }
 
@@ -278,7 +278,7 @@ void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, f
       m.read_view(m.images, index, C, rect, view, out, [](float, int64_t, int64_t) {});
     }
   } catch (const h5::H5Error& e) {
-    throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.what()));
+    throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.reason()));
   }
   if (scale != 1.f)
     for (size_t i = 0; i < n; ++i) out[i] *= scale;
@@ -323,7 +323,7 @@ void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out, con
   try {
     m.read_view(m.masks, index, 1, rect, view, out, binary);
   } catch (const h5::H5Error& e) {
-    throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.what()));
+    throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.reason()));
   }
   if (m.opt.downsample > 1)
     for (size_t i = 0; i < size_t(rect.area()); ++i) out[i] = out[i] >= 0.5f ? 1.f : 0.f;

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <vector>
 
 #include "orchestrator/files.hpp"
 
@@ -38,6 +40,40 @@ herr_t collect_error(unsigned n, const H5E_error2_t* e, void* data) {
 }
 }  // namespace
 
+namespace {
+herr_t collect_description(unsigned, const H5E_error2_t* e, void* data) {
+  static_cast<std::vector<std::string>*>(data)->push_back(e->desc ? e->desc : "");
+  return 0;
+}
+
+// The error stack in a user's words, from its innermost descriptions (left on the stack).
+std::string error_reason() {
+  std::vector<std::string> d;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_description, &d);
+  auto has = [&](const char* what) {
+    return std::any_of(d.begin(), d.end(), [&](const std::string& s) { return s.find(what) != std::string::npos; });
+  };
+  for (const std::string& s : d) {
+    if (s.find("truncated file") == std::string::npos) continue;
+    unsigned long long eof = 0, stored = 0;
+    const size_t a = s.find("eof = "), b = s.find("stored_eof = ");
+    if (a != std::string::npos && b != std::string::npos) {
+      eof = std::strtoull(s.c_str() + a + 6, nullptr, 10);
+      stored = std::strtoull(s.c_str() + b + 13, nullptr, 10);
+      return fmt::format("the file is cut short: it has {} bytes, its header says {} (an incomplete copy or "
+                         "write?)", eof, stored);
+    }
+    return "the file is cut short (an incomplete copy or write?)";
+  }
+  if (has("signature")) return "it is not an HDF5 file";
+  if (has("filter") || has("checksum") || has("inflate") || has("decompress"))
+    return "its data is damaged: a chunk does not decode";
+  std::string deepest = d.empty() ? "" : d.back();
+  std::replace(deepest.begin(), deepest.end(), '\n', ' ');
+  return deepest.empty() ? "the file is damaged or unreadable" : "the file is damaged or unreadable (" + deepest + ")";
+}
+}  // namespace
+
 std::string error_stack() {
   std::string text;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &text);
@@ -47,7 +83,8 @@ std::string error_stack() {
 }
 
 void throw_error(const char* call, const char* file, int line) {
-  throw H5Error(fmt::format("{}:{}: {} failed: {}", file, line, call, error_stack()));
+  std::string reason = error_reason();
+  throw H5Error(fmt::format("{}:{}: {} failed: {}", file, line, call, error_stack()), std::move(reason));
 }
 
 Hid& Hid::operator=(Hid&& o) noexcept {

@@ -14,7 +14,14 @@ namespace ht::h5 {
 // A failed HDF5 call: the message reads "file:line: CALL failed: <HDF5 error stack>".
 class H5Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit H5Error(const std::string& what, std::string reason = "")
+      : std::runtime_error(what), reason_(reason.empty() ? what : std::move(reason)) {}
+  // What is wrong in a user's words ("the file is cut short: ..."), without source
+  // locations or HDF5 calls: for messages about a user's file.
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
 };
 
 // Turns off HDF5's automatic error printing for the calling thread (the library is built

@@ -2,8 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <csignal>
 #include <pthread.h>
 #include <cstdlib>
@@ -61,7 +68,42 @@ int signal_number(const std::string& text) {
   return -1;
 }
 
-void install_stop_handlers(const std::string& warning_signal) {
+namespace {
+
+std::atomic<bool> g_taken{false};
+
+// Polls the flags the handlers set; ends the process when a request goes unanswered.
+void watch(int grace_seconds) {
+  using clock = std::chrono::steady_clock;
+  std::optional<clock::time_point> since;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (pending_stop() == StopRequest::None || g_taken) {
+      since.reset();
+      continue;
+    }
+    if (!since) since = clock::now();
+    if (clock::now() - *since < std::chrono::seconds(grace_seconds)) continue;
+    // Only async-signal-safe-ish calls from here: the other threads may hold any lock.
+    const std::string msg = fmt::format(
+        "a stop was requested {} s ago (slurm.signal_before) and the run has not reached a step boundary: it "
+        "is blocked reading data or waiting for another rank; exiting without a new checkpoint (the ones in "
+        "run_dir/checkpoints are intact)\n",
+        grace_seconds);
+    const ssize_t ignored = ::write(2, msg.data(), msg.size());
+    (void)ignored;
+    std::_Exit(1);
+  }
+}
+
+}  // namespace
+
+void stop_request_taken() { g_taken = true; }
+
+void install_stop_handlers(const std::string& warning_signal, int grace_seconds) {
+  static std::once_flag watchdog;
+  if (grace_seconds > 0)
+    std::call_once(watchdog, [grace_seconds] { std::thread(watch, grace_seconds).detach(); });
   const int warning = signal_number(warning_signal);
   if (warning < 0) throw std::invalid_argument(fmt::format("slurm.signal: unknown signal '{}'", warning_signal));
   install(warning, on_warning);
@@ -89,6 +131,7 @@ StopRequest pending_stop() {
 }
 
 void clear_stop_requests() {
+  g_taken = false;
   g_requeue = 0;
   g_terminate = 0;
   g_interrupts = 0;

@@ -24,7 +24,16 @@ int signal_number(const std::string& name);
 // Installs handlers for `warning_signal` (-> Requeue), SIGTERM (-> Terminate) and SIGINT
 // (the first -> Terminate, a second ends the process at once), each unless it is the
 // warning signal. Idempotent. Throws std::invalid_argument for an unknown name.
-void install_stop_handlers(const std::string& warning_signal);
+//
+// `grace_seconds` > 0 also starts a watchdog: a stop request still not acted on after
+// that long (the process is blocked in a read or in a collective whose peer is gone or
+// stopped) ends the process with exit 1 and a message saying so; the checkpoints on
+// disk are untouched (a write cut short leaves only its temporary file).
+void install_stop_handlers(const std::string& warning_signal, int grace_seconds = 0);
+
+// The trainer acted on the stop request (its checkpoint is being written): the watchdog
+// stands down.
+void stop_request_taken();
 
 // SIGTERM, SIGINT and the warning signal (ignored when <= 0): the stop signals a
 // supervisor forwards, and blocks in a worker it starts until install_stop_handlers runs.

@@ -418,6 +418,7 @@ void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, Tra
   double flags[2] = {local == StopRequest::Requeue ? 1.0 : 0.0, local == StopRequest::Terminate ? 1.0 : 0.0};
   world_->allreduce_sum_host(flags, 2);
   if (flags[0] == 0 && flags[1] == 0) return;
+  stop_request_taken();  // every rank reached this boundary: the watchdog stands down
   if (!checkpoint_written) summary.checkpoint = checkpoint(steps_done);
   std::string why = "SIGTERM or SIGINT";
   if (flags[0] > 0) {
