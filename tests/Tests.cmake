@@ -86,6 +86,14 @@ add_test(NAME stop_and_data
                  ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/stop-and-data)
 set_tests_properties(stop_and_data PROPERTIES LABELS "checkpoint;mpi" TIMEOUT 300)
 
+# Soak, short form (the long one is in bench/run-all): 1500 steps, recycle every 50, a
+# checkpoint every 10, 8 SIGKILLs (some mid-write) each resumed; bit for bit at the end,
+# every checkpoint verifying after every kill, RSS flat across recycles.
+add_test(NAME soak_short
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/soak/soak.py $<TARGET_FILE:halotrain>
+                 ${CMAKE_BINARY_DIR}/soak --steps 1500 --kills 8)
+set_tests_properties(soak_short PROPERTIES LABELS soak TIMEOUT 600)
+
 # report.html in headless chromium without network (tests/report/report_test.py): the DOM
 # against metrics.csv and the plan, a screenshot, bad input.
 add_test(NAME report_browser
