@@ -494,12 +494,16 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
   };
   for (int l = 0; l < int(plan.layers.size()); ++l) {
     const LayerSpec& L = plan.model.layers[l];
-    const bool regather = policies[l] != ActivationPolicy::Keep && backward_reads_window(L, l);
+    // Forward: halos to the peers that need them; again when the layer's output is dropped
+    // and recomputed during backward, and again when its backward gathers its input anew.
+    const uint64_t forwards = 1 + (policies[l] == ActivationPolicy::Recompute ? 1 : 0) +
+                              (policies[l] != ActivationPolicy::Keep && backward_reads_window(L, l) ? 1 : 0);
     for (HaloPhase ph : kPhases) {
-      // Forward: halos to the peers that need them (twice when gathered again for
-      // backward). Backward: the gradient of every received region goes back to its owner.
-      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b) * (regather ? 2 : 1));
-      for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b));
+      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b) * forwards);
+      // Backward: the gradient of every received region goes back to its owner (the first
+      // layer computes no input gradient).
+      if (l > 0)
+        for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b));
     }
   }
   return t;

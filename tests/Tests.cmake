@@ -50,7 +50,7 @@ set_tests_properties(checkpoint_resume_recycle PROPERTIES LABELS checkpoint TIME
 # Slurm end to end on a real single-node cluster (slurm/local-cluster: root, slurm-wlm,
 # munge; skipped without them). One cluster at a time, hence the lock. The render and
 # validation unit tests are tests/unit/slurm_test.cpp (label `unit`).
-foreach(scenario bad_input completes restart requeue kill_rank)
+foreach(scenario bad_input completes restart requeue kill_rank two_nodes node_loss)
   add_test(NAME slurm_${scenario}
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/slurm/e2e.sh $<TARGET_FILE:halotrain>
                    ${CMAKE_BINARY_DIR}/slurm-e2e ${scenario})

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include "orchestrator/activation_plan.hpp"
@@ -85,6 +86,8 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
   backend_ = make_backend(backend_options_);
   if (make_device_world_) device_world_ = make_device_world_(*backend_);
   world_ = device_world_ ? device_world_.get() : &host_world_;
+  counting_world_ = std::make_unique<CountingComm>(*world_, halo_sent_);
+  world_ = counting_world_.get();
   group_ = world_->split(plan_.group_of(rank_));
   params_ = std::make_unique<ParamStore>(plan_.model, *backend_);
   const size_t n = params_->trainable_count();
@@ -148,6 +151,7 @@ void Trainer::recycle_in_process() {
   // comm (NCCL) is rebuilt too.
   group_.reset();
   world_ = &host_world_;
+  counting_world_.reset();
   device_world_.reset();
   backend_.reset();
   build_device_state(&snapshot);
@@ -319,7 +323,28 @@ void Trainer::optimizer_step(int64_t step) {
 }
 
 MetricValues Trainer::validate() {
-  return evaluate_file(layers_, *backend_, *validation_, config_, plan_, rank_, *world_);
+  counting_world_->set_counting(false);  // the halo figures are of training steps
+  MetricValues values = evaluate_file(layers_, *backend_, *validation_, config_, plan_, rank_, *world_);
+  counting_world_->set_counting(true);
+  return values;
+}
+
+void Trainer::log_halo_traffic(int64_t steps) {
+  // Which ranks share a host: a 32-bit hash of each rank's host name (exact in a double).
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  std::vector<double> hosts(size_t(world_->size()), 0.0);
+  hosts[size_t(rank_)] = double(uint32_t(std::hash<std::string>()(host)));
+  world_->allreduce_sum_host(hosts.data(), hosts.size());
+  uint64_t intra = 0, inter = 0;
+  for (size_t peer = 0; peer < halo_sent_.size(); ++peer)
+    (hosts[peer] == hosts[size_t(rank_)] ? intra : inter) += halo_sent_[peer];
+  const HaloTraffic planned = halo_traffic(config_, plan_, rank_, policies_);
+  const int node = node_of(config_, rank_);
+  log().info("on host {} (the plan's node {}, device {}): halo bytes sent per step {} to ranks on this host, {} to "
+             "other hosts; the plan's {} intra-node, {} inter-node",
+             host, node, local_device_of(config_, rank_), intra / uint64_t(std::max<int64_t>(steps, 1)),
+             inter / uint64_t(std::max<int64_t>(steps, 1)), planned.intra_node, planned.inter_node);
 }
 
 std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
@@ -483,7 +508,10 @@ TrainSummary Trainer::run() {
     if (recycle_now) recycle_in_process();
   }
   summary.peak_device_bytes = max_peak_over_ranks();
-  if (summary.steps > start_step_) write_memory_report();
+  if (summary.steps > start_step_) {
+    write_memory_report();
+    log_halo_traffic(summary.steps - start_step_);
+  }
   if (rank_ == 0) {
     const std::string page = refresh_report();
     if (!page.empty()) log().info("report {} (open it in a browser; it needs no network)", page);

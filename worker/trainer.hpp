@@ -13,6 +13,7 @@
 #include "worker/checkpoint.hpp"
 #include "worker/checkpoint_dir.hpp"
 #include "worker/comm.hpp"
+#include "worker/counting_comm.hpp"
 #include "worker/evaluation.hpp"
 #include "worker/launcher.hpp"
 #include "worker/layers.hpp"
@@ -65,6 +66,7 @@ class Trainer {
   std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank
   uint64_t max_peak_over_ranks();
   void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank
+  void log_halo_traffic(int64_t steps);  // collective: measured halo bytes per step vs the plan's
   std::string refresh_report();  // rank 0: run_dir/report.html from the run's files so far; "" if not
   void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged, const MetricValues& val);
 
@@ -79,6 +81,8 @@ class Trainer {
   // Declared after the backend, so destroyed before it: device comms stage in its memory.
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<Comm> device_world_;
+  std::unique_ptr<CountingComm> counting_world_;  // wraps the world the layers use
+  std::vector<uint64_t> halo_sent_;               // bytes sent to each rank, training steps only
   std::unique_ptr<Comm> group_;
   std::unique_ptr<ParamStore> params_;
   OptimizerState optimizer_;

@@ -13,6 +13,14 @@
 #               resume; completes with the weights of an uninterrupted run
 #   kill_rank   one rank SIGKILLed: the job fails within 60 s with a message in its log,
 #               the last checkpoint is intact, and submitting again resumes from it
+#   two_nodes   a 2-node cluster (slurm/local-cluster start --nodes 2: network namespaces),
+#               slurm.nodes 2 x 2 ranks: each rank runs on the node and device the plan
+#               gives it, its measured halo bytes per step (same host / other hosts) equal
+#               the plan's intra- and inter-node figures, and the weights equal a local run
+#   node_loss   the same job, node 2 killed mid-run (its slurmd and ranks): the job ends
+#               within 60 s, the newest checkpoint is intact, and with the node back the
+#               job (requeued by Slurm, or submitted again) ends with an uninterrupted
+#               run's weights
 #
 # Exit 0 passed, 1 failed, 77 skipped (no Slurm packages, or not root).
 # Every wait has a deadline; the cluster is stopped on exit, failure included. The cluster
@@ -57,11 +65,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' TERM INT  # a ctest timeout or ^C still stops the cluster
 
-start_cluster() {
-  local env
+start_cluster() {  # start_cluster [NODES]
+  local env nodes=${1:-1}
   ((cluster_up)) && return 0
   cluster_up=1
-  env=$("$CLUSTER" start) || { fail "the local cluster did not start"; return 1; }
+  env=$("$CLUSTER" start --nodes "$nodes") || { fail "the local cluster did not start"; return 1; }
   eval "$env"
   log "cluster up: $SLURM_CONF"
 }
@@ -278,6 +286,86 @@ scenario_kill_rank() {
   log "job $id2 $state, resumed from $(basename "$last")"
   same_weights "$(newest_ckpt "$run")" "$ref/checkpoints/ckpt-${LONG[0]}.h5" ||
     fail "resumed job's weights differ from an uninterrupted run"
+}
+
+# 2 nodes x 2 ranks, grid [2, 2]: the rows of the image split across the nodes.
+TWO_NODES=(--set slurm.nodes=2 --set parallel.devices_per_node=2 --set "parallel.grid=[2, 2]")
+
+# Each rank's line "on host H (the plan's node N, device D): halo bytes sent per step A to
+# ranks on this host, B to other hosts; the plan's A' intra-node, B' inter-node" in $1.
+check_placement() {
+  local log=$1 r line inter=0
+  for r in 0 1 2 3; do
+    line=$(grep -h "\[$r/4\] info on host" "$log" | tail -n 1)
+    [[ -n $line ]] || { fail "rank $r logged no placement line in $log"; continue; }
+    [[ $line == *"on host htnode$((r / 2 + 1)) (the plan's node $((r / 2)), device $((r % 2)))"* ]] ||
+      fail "rank $r ran elsewhere than the plan says: $line"
+    local got_intra got_inter plan_intra plan_inter
+    read -r got_intra got_inter plan_intra plan_inter < <(sed -E \
+      's/.*per step ([0-9]+) to ranks on this host, ([0-9]+) to other hosts; the plan.s ([0-9]+) intra-node, ([0-9]+) inter-node.*/\1 \2 \3 \4/' <<<"$line")
+    [[ $got_intra == "$plan_intra" && $got_inter == "$plan_inter" ]] ||
+      fail "rank $r halo bytes per step measured $got_intra/$got_inter (same host/other hosts), plan $plan_intra/$plan_inter"
+    inter=$((inter + got_inter))
+    log "rank $r: $(sed -E 's/.*info on host //' <<<"$line")"
+  done
+  ((inter > 0)) || fail "no halo bytes crossed nodes"
+}
+
+scenario_two_nodes() {
+  local run=$WORK/two/run ref=$WORK/two/ref id state
+  rm -rf "$WORK/two"
+  reference_run "$ref" 6 128 96 2 "${TWO_NODES[@]}" || return 1
+  start_cluster 2 || return 1
+  sets_for "$run" 6 128 96 2
+  id=$(submit "${SETS[@]}" "${TWO_NODES[@]}") || { fail "halotrain submit failed: $(tail -n 3 "$WORK/submit.log")"; return 1; }
+  log "submitted job $id"
+  state=$(wait_state "$id" COMPLETED 120) || { show_logs "$run"; fail "job $id ended $state, expected COMPLETED"; return 1; }
+  log "job $id $state on $(job_field "$id" NodeList) ($(job_field "$id" NumTasks) tasks)"
+  check_placement "$run/slurm-$id.err"
+  same_weights "$run/checkpoints/ckpt-6.h5" "$ref/checkpoints/ckpt-6.h5" || fail "job weights differ from the local run"
+}
+
+scenario_node_loss() {
+  local run=$WORK/loss/run ref=$WORK/loss/ref id id2 state t0 last took
+  rm -rf "$WORK/loss"
+  reference_run "$ref" "${LONG[@]}" "${TWO_NODES[@]}" || return 1
+  start_cluster 2 || return 1
+  sets_for "$run" "${LONG[@]}"
+  id=$(submit "${SETS[@]}" "${TWO_NODES[@]}") || { fail "halotrain submit failed: $(tail -n 3 "$WORK/submit.log")"; return 1; }
+  log "submitted job $id"
+  wait_ckpt "$run" 20 120 || { show_logs "$run"; fail "job $id wrote no ckpt-20 in 120 s"; return 1; }
+  "$CLUSTER" kill-node 2
+  t0=$SECONDS
+  log "killed node htnode2 after $(basename "$(newest_ckpt "$run")")"
+  # Ended: failed, or requeued by Slurm (pending again) since the job is requeueable.
+  local deadline=$((SECONDS + 60))
+  while ((SECONDS < deadline)); do
+    state=$(job_field "$id" JobState)
+    [[ $state != RUNNING && $state != COMPLETING ]] && break
+    sleep 0.5
+  done
+  took=$((SECONDS - t0))
+  [[ $state != RUNNING && $state != COMPLETING ]] || { show_logs "$run"; fail "job $id still $state 60 s after the node died"; return 1; }
+  log "job $id $state $took s after the node died (reason $(job_field "$id" Reason))"
+  # No rank of the job survives on the node that is left.
+  sleep 2
+  [[ -z $(pgrep -f "halotrain train .*loss" || true) ]] || fail "ranks outlived the job: $(pgrep -af "halotrain train")"
+  last=$(newest_ckpt "$run")
+  timeout 30 "$HALOTRAIN" inspect "$last" | grep -q "checksum: OK" || fail "$last is not intact"
+  log "newest checkpoint $(basename "$last") intact; node htnode2 back"
+  "$CLUSTER" start-node 2 >/dev/null 2>&1 || { fail "node 2 did not start again"; return 1; }
+  id2=$id
+  if [[ $state != PENDING ]]; then
+    id2=$(submit "${SETS[@]}" "${TWO_NODES[@]}") || { fail "second submit failed: $(tail -n 3 "$WORK/submit.log")"; return 1; }
+    log "submitted again: job $id2"
+  else
+    log "Slurm requeued job $id; it runs again when the node is back"
+  fi
+  state=$(wait_state "$id2" COMPLETED 240) || { show_logs "$run"; fail "job $id2 ended $state after the node came back"; return 1; }
+  grep -qi "resuming from" "$run"/slurm-"$id2".err "$run"/slurm-"$id2".out || fail "job $id2 did not resume"
+  log "job $id2 $state"
+  same_weights "$(newest_ckpt "$run")" "$ref/checkpoints/ckpt-${LONG[0]}.h5" ||
+    fail "the weights after the node loss differ from an uninterrupted run"
 }
 
 for scenario in "$@"; do
