@@ -29,6 +29,15 @@ struct RecvMsg {
   size_t count;
 };
 
+// Chunk r of `parts` of [0, count), for reduce-scatters: [count*r/parts, count*(r+1)/parts).
+struct chunk_range {
+  size_t first = 0, size = 0;
+};
+inline chunk_range chunk_of(size_t count, int parts, int r) {
+  const size_t lo = count * size_t(r) / size_t(parts), hi = count * size_t(r + 1) / size_t(parts);
+  return {lo, hi - lo};
+}
+
 class Comm {
  public:
   virtual ~Comm() = default;

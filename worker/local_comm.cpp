@@ -74,19 +74,35 @@ int LocalComm::size() const { return hub_->size; }
 
 template <class T>
 void LocalComm::allreduce(T* data, size_t count) {
-  // Every rank sums all inputs in rank order into a private result, so the sum is the same
-  // on every rank and independent of arrival order; the second barrier keeps inputs alive
-  // until everyone has read them.
-  std::vector<T> result(count, T(0));
+  // As the MPI comm: rank r sums chunk r of every rank's input in rank order (from zero),
+  // then every rank copies the other chunks from their owners, so each reads O(count) and
+  // the sum is the same bits on every rank and in either comm. The barriers keep every
+  // input alive until its chunk is summed, and every sum until it is copied.
+  const int P = hub_->size;
+  const chunk_range mine = chunk_of(count, P, rank_);
+  std::vector<T> sum(mine.size, T(0));
   std::unique_lock<std::mutex> lock(hub_->mu);
   hub_->slots[rank_] = data;
   hub_->barrier(lock);
-  for (int r = 0; r < hub_->size; ++r) {
-    const T* src = static_cast<const T*>(hub_->slots[r]);
-    for (size_t i = 0; i < count; ++i) result[i] += src[i];
+  lock.unlock();
+  for (int r = 0; r < P; ++r) {
+    const T* src = static_cast<const T*>(hub_->slots[r]) + mine.first;
+    for (size_t i = 0; i < mine.size; ++i) sum[i] += src[i];
   }
-  hub_->barrier(lock);
-  std::memcpy(data, result.data(), count * sizeof(T));
+  lock.lock();
+  hub_->barrier(lock);  // every input read
+  lock.unlock();
+  if (mine.size) std::memcpy(data + mine.first, sum.data(), mine.size * sizeof(T));
+  lock.lock();
+  hub_->barrier(lock);  // every sum in place
+  lock.unlock();
+  for (int r = 0; r < P; ++r) {
+    if (r == rank_) continue;
+    const chunk_range c = chunk_of(count, P, r);
+    if (c.size) std::memcpy(data + c.first, static_cast<const T*>(hub_->slots[r]) + c.first, c.size * sizeof(T));
+  }
+  lock.lock();
+  hub_->barrier(lock);  // every sum copied
 }
 
 void LocalComm::allreduce_sum_host(double* data, size_t count) { allreduce(data, count); }

@@ -28,15 +28,30 @@ MpiComm::~MpiComm() {
 
 template <class T>
 void MpiComm::allreduce(T* data, size_t count, MPI_Datatype type) {
-  // Gather everything, then sum in rank order: the same bits on every rank and in the
-  // local comm, whatever reduction algorithm MPI would choose.
-  std::vector<T> all(count * size_t(size_));
-  MPI_CHECK(MPI_Allgather(data, int(count), type, all.data(), int(count), type, comm_));
-  for (size_t i = 0; i < count; ++i) data[i] = T(0);
-  for (int r = 0; r < size_; ++r) {
-    const T* src = all.data() + size_t(r) * count;
-    for (size_t i = 0; i < count; ++i) data[i] += src[i];
+  // A reduce-scatter, then an all-gather: rank r sums chunk r of every rank's data in rank
+  // order (from zero), and everyone gathers the sums. 2 (P-1)/P x count elements leave each
+  // rank, what a ring would send and what the cost model assumes, and every element is the
+  // same rank-ordered sum as in the local comm, whatever algorithms MPI would choose.
+  const int P = size_;
+  if (P == 1 || count == 0) return;
+  std::vector<int> counts(P), displs(P);
+  for (int r = 0; r < P; ++r) {
+    const chunk_range c = chunk_of(count, P, r);
+    counts[size_t(r)] = int(c.size);
+    displs[size_t(r)] = int(c.first);
   }
+  const int mine = counts[size_t(rank_)];
+  std::vector<int> from(P, mine), at(P);
+  for (int r = 0; r < P; ++r) at[size_t(r)] = r * mine;
+  std::vector<T> chunks(size_t(mine) * size_t(P));
+  MPI_CHECK(MPI_Alltoallv(data, counts.data(), displs.data(), type, chunks.data(), from.data(), at.data(), type,
+                          comm_));
+  std::vector<T> sum(size_t(mine), T(0));
+  for (int r = 0; r < P; ++r) {
+    const T* src = chunks.data() + size_t(r) * size_t(mine);
+    for (int i = 0; i < mine; ++i) sum[size_t(i)] += src[i];
+  }
+  MPI_CHECK(MPI_Allgatherv(sum.data(), mine, type, data, counts.data(), displs.data(), type, comm_));
 }
 
 void MpiComm::allreduce_sum_host(double* data, size_t count) { allreduce(data, count, MPI_DOUBLE); }

@@ -124,12 +124,28 @@ int NcclComm::size() const { return s_->size; }
 void NcclComm::allreduce_sum(float* data, size_t count) {
   s_->enter();
   if (!count) return;
-  const size_t chunk = std::min(count, kChunkBytes / sizeof(float));
-  float* gathered = s_->gather->get_as<float>(chunk * size_t(s_->size));
-  for (size_t off = 0; off < count; off += chunk) {
-    const size_t len = std::min(chunk, count - off);
-    NCCL_CHECK(ncclAllGather(data + off, gathered, len, ncclFloat, s_->comm, s_->stream));
-    launch_sum_ranks(gathered, s_->size, len, data + off, s_->stream);
+  // In pieces: a reduce-scatter (every rank sends sub-chunk r of its piece to rank r,
+  // which sums them in rank order) and an all-gather of the sums. 2 (P-1)/P x count floats
+  // leave each rank, as the cost model's ring, with the bits of the MPI and local comms.
+  const int P = s_->size;
+  const size_t piece = std::min(count, kChunkBytes / sizeof(float));
+  const size_t sub = (piece + size_t(P) - 1) / size_t(P);  // equal parts: the last is padded
+  float* padded = s_->gather->get_as<float>(2 * sub * size_t(P) + sub);
+  float* received = padded + sub * size_t(P);
+  float* sum = received + sub * size_t(P);
+  for (size_t off = 0; off < count; off += piece) {
+    const size_t len = std::min(piece, count - off);
+    CUDA_CHECK(cudaMemsetAsync(padded, 0, sub * size_t(P) * sizeof(float), s_->stream));
+    CUDA_CHECK(cudaMemcpyAsync(padded, data + off, len * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream));
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < P; ++r) {
+      NCCL_CHECK(ncclSend(padded + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream));
+      NCCL_CHECK(ncclRecv(received + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    launch_sum_ranks(received, P, sub, sum, s_->stream);
+    NCCL_CHECK(ncclAllGather(sum, padded, sub, ncclFloat, s_->comm, s_->stream));
+    CUDA_CHECK(cudaMemcpyAsync(data + off, padded, len * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream));
   }
   s_->wait();
 }

@@ -10,6 +10,7 @@ parallel.device_memory that keep does not fit but auto does, and checks:
   checksums and the config);
 - per rank in each run's memory.csv: measured peak device bytes within 10% of the memory
   model's prediction (and the host pool's too), and under the tight budget measured <= budget;
+- every rank's measured halo bytes per step equal the plan's;
 - offload uses the host pool and peaks lower on the device than keep;
 - the tight budget is really tight: `plan` says keep DOES NOT FIT and auto FITS, and
   `train` with keep under it exits non-zero naming parallel.device_memory.
@@ -17,6 +18,7 @@ parallel.device_memory that keep does not fit but auto does, and checks:
 usage: policies_test.py HALOTRAIN WORKDIR
 """
 import csv
+import re
 import os
 import shutil
 import subprocess

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +64,32 @@ TEST(LocalCommMemoryOps, AllreduceStagesThroughTheCopyAndSumsInRankOrder) {
     for (int r = 0; r < P; ++r) ASSERT_EQ(data[r][i], want) << "rank " << r << " element " << i;
   }
   EXPECT_EQ(g_copied_bytes.load(), size_t(P) * 2 * n * sizeof(float));  // in and out, per rank
+}
+
+// The reduce-scatter's chunks: fewer elements than ranks (empty chunks), counts that do
+// not divide, and many repeats of the collective back to back.
+TEST(LocalCommAllreduce, ChunksOfAnySizeGiveTheRankOrderedSum) {
+  for (const size_t n : {size_t(1), size_t(2), size_t(5), size_t(97)}) {
+    const int P = 4;
+    auto comms = LocalComm::create(P);
+    std::vector<std::vector<double>> data(P);
+    on_every_rank(comms, [&](int r, Comm& comm) {
+      for (int repeat = 0; repeat < 20; ++repeat) {
+        data[r].assign(n, 0.0);
+        for (size_t i = 0; i < n; ++i) data[r][i] = double(value(r, i + size_t(repeat)));
+        comm.allreduce_sum_host(data[r].data(), n);
+        for (size_t i = 0; i < n; ++i) {
+          double want = 0.0;
+          for (int k = 0; k < P; ++k) want += double(value(k, i + size_t(repeat)));
+          if (data[r][i] != want) throw std::runtime_error("element " + std::to_string(i) + " of " + std::to_string(n));
+        }
+      }
+    });
+  }
+  EXPECT_EQ(chunk_of(10, 4, 0).size + chunk_of(10, 4, 1).size + chunk_of(10, 4, 2).size + chunk_of(10, 4, 3).size,
+            10u);
+  EXPECT_EQ(chunk_of(2, 4, 0).size, 0u);
+  EXPECT_EQ(chunk_of(2, 4, 3).first, 1u);
 }
 
 TEST(LocalCommMemoryOps, ExchangeCopiesOutOfTheSenderAndIntoTheReceiver) {
