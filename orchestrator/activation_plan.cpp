@@ -45,7 +45,8 @@ namespace {
 // a sum per shard (the policy search evaluates hundreds).
 class StepTimeModel {
  public:
-  StepTimeModel(const Config& config, const ShardPlan& plan, const DeviceCostModel& d) : overlap_(d.copies_overlap) {
+  StepTimeModel(const Config& config, const ShardPlan& plan, const DeviceCostModel& d)
+      : overlap_(d.copies_overlap), micro_batches_(config.training.accumulate) {
     const ModelSpec& m = plan.model;
     const int b = local_batch(config, plan), L = int(m.layers.size());
     const double allreduce =
@@ -74,10 +75,13 @@ class StepTimeModel {
         };
         for (HaloPhase ph : {HaloPhase::Rows, HaloPhase::Cols}) {
           for (const HaloRegion& h : plan.sends(l, r, ph)) sends += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
-          for (const HaloRegion& h : plan.receives(l, r, ph))
-            receives += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
+          // The first layer computes no input gradient: nothing goes back.
+          if (l > 0)
+            for (const HaloRegion& h : plan.receives(l, r, ph))
+              receives += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
         }
         s.halo += sends + receives;
+        s.sends.push_back(sends);                                           // again when recomputed
         s.regather.push_back(backward_reads_window(spec, l) ? sends : 0.0);  // when not kept
       }
       shards_.push_back(std::move(s));
@@ -96,9 +100,18 @@ class StepTimeModel {
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
-        if (policies[l] == ActivationPolicy::Recompute) t.recompute += s.forward[l];
+        if (policies[l] == ActivationPolicy::Recompute) {
+          t.recompute += s.forward[l];
+          t.halo += s.sends[l];
+        }
         if (policies[l] == ActivationPolicy::Offload) t.offload += s.offload[l];
       }
+      // Every micro-batch computes and exchanges; the gradients are reduced once a step.
+      const double k = micro_batches_;
+      t.compute *= k;
+      t.recompute *= k;
+      t.halo *= k;
+      t.offload *= k;
       if (r == 0 || t.total() > worst.total()) worst = t;
     }
     return worst;
@@ -106,10 +119,11 @@ class StepTimeModel {
 
  private:
   struct Shard {
-    std::vector<double> forward, offload, regather;
+    std::vector<double> forward, offload, sends, regather;
     double halo = 0, allreduce = 0;
   };
   bool overlap_;
+  int micro_batches_;
   std::vector<Shard> shards_;
 };
 

@@ -470,7 +470,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
     LayerMemory x;
     x.params = uint64_t(L.param_count(false)) * kFloat;
     x.grads = uint64_t(L.param_count(true)) * kFloat * (config.training.accumulate > 1 ? 2 : 1);
-    x.optimizer = slots * x.grads;
+    x.optimizer = slots * uint64_t(L.param_count(true)) * kFloat;
     const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
     switch (policies[l]) {
       case ActivationPolicy::Offload: x.offloaded = z.out; break;
@@ -492,6 +492,9 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
   auto add = [&](int peer, uint64_t bytes) {
     (node_of(config, peer) == node ? t.intra_node : t.inter_node) += bytes;
   };
+  // Per step: every micro-batch exchanges its halos.
+  const uint64_t micro_batches = uint64_t(config.training.accumulate);
+  auto add_step = [&](int peer, uint64_t bytes) { add(peer, bytes * micro_batches); };
   for (int l = 0; l < int(plan.layers.size()); ++l) {
     const LayerSpec& L = plan.model.layers[l];
     // Forward: halos to the peers that need them; again when the layer's output is dropped
@@ -499,11 +502,11 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
     const uint64_t forwards = 1 + (policies[l] == ActivationPolicy::Recompute ? 1 : 0) +
                               (policies[l] != ActivationPolicy::Keep && backward_reads_window(L, l) ? 1 : 0);
     for (HaloPhase ph : kPhases) {
-      for (const HaloRegion& r : plan.sends(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b) * forwards);
+      for (const HaloRegion& r : plan.sends(l, rank, ph)) add_step(r.peer, tile_bytes(r.rect, L.in.c, b) * forwards);
       // Backward: the gradient of every received region goes back to its owner (the first
       // layer computes no input gradient).
       if (l > 0)
-        for (const HaloRegion& r : plan.receives(l, rank, ph)) add(r.peer, tile_bytes(r.rect, L.in.c, b));
+        for (const HaloRegion& r : plan.receives(l, rank, ph)) add_step(r.peer, tile_bytes(r.rect, L.in.c, b));
     }
   }
   return t;

@@ -60,11 +60,13 @@ void check_allocation(const Config& config, GridShape grid) {
         config.source_path, grid.rows, grid.cols, shards, s.nodes, per_node, ranks, nodes_needed, ranks));
   }
   const int64_t groups = ranks / shards;
-  if (config.training.batch_size % groups != 0)
+  const int accumulate = config.training.accumulate;
+  if (config.training.batch_size % (groups * accumulate) != 0)
     throw ConfigError(fmt::format(
         "{}: training.batch_size {} must be divisible by the {} sample groups of this job ({} ranks = slurm.nodes "
-        "{} x parallel.devices_per_node {}, grid {}x{})",
-        config.source_path, config.training.batch_size, groups, ranks, s.nodes, per_node, grid.rows, grid.cols));
+        "{} x parallel.devices_per_node {}, grid {}x{}){}",
+        config.source_path, config.training.batch_size, groups, ranks, s.nodes, per_node, grid.rows, grid.cols,
+        accumulate > 1 ? fmt::format(" times training.accumulate {}", accumulate) : ""));
   if (!slurm_time_seconds(s.time))
     throw ConfigError(fmt::format(
         "{}: slurm.time: expected a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS), found '{}'",

@@ -59,7 +59,10 @@ BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, 
       purpose_(purpose),
       micro_batch_(config.training.batch_size / (plan.groups * config.training.accumulate)) {
   const std::string file = path.empty() ? config.data.train : path;
-  const std::string key = path.empty() ? "data.train" : path == config.data.validation ? "data.validation" : "--data";
+  const std::string key = path.empty()                       ? "data.train"
+                          : path == config.data.validation    ? "data.validation"
+                          : purpose == DataPurpose::Predict   ? "--input"
+                                                              : "--data";
   reader_ = std::make_unique<DataReader>(file, options_for(config, plan.model, purpose, key));
   const bool spatial_out = plan.model.spatial_layers == int(plan.model.layers.size());
   if (purpose != DataPurpose::Predict) {

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "worker/signals.hpp"
+
 namespace ht {
 
 namespace {
@@ -25,13 +27,16 @@ std::vector<std::string> validation_columns(const Config& config) {
 
 double roc_auc(const std::vector<double>& scores, const std::vector<int>& labels) {
   const size_t n = scores.size();
+  // A score that is not a number ranks nowhere: the area is undefined.
+  if (std::any_of(scores.begin(), scores.end(), [](double s) { return std::isnan(s); }))
+    return std::numeric_limits<double>::quiet_NaN();
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
   // Mann-Whitney: the rank sum of the positives, tied scores sharing their mean rank.
   double positive_ranks = 0, positives = 0;
   for (size_t i = 0; i < n;) {
-    size_t j = i;
+    size_t j = i + 1;
     while (j < n && scores[order[j]] == scores[order[i]]) ++j;
     const double mean_rank = (double(i) + double(j - 1)) / 2 + 1;
     for (size_t k = i; k < j; ++k)
@@ -153,6 +158,7 @@ MetricValues evaluate_file(const std::vector<std::unique_ptr<Layer>>& layers, Co
     host.resize(y.size());
     backend.to_host(host.data(), y.data(), y.bytes());
     metrics.add(host, batch);
+    note_progress();  // a long validation is not a stuck one
   }
   return metrics.finish(world);
 }

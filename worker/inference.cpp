@@ -103,8 +103,14 @@ class PredictionFile {
     h5::write_hyperslab(data_, {first, 0}, {n, K}, H5T_NATIVE_FLOAT, v.data());
   }
   void commit() {
-    data_ = h5::Hid();
-    file_ = h5::Hid();
+    // Checked closes: a flush that fails (disk full) throws, and the destructor removes
+    // the temporary file instead of publishing a short one.
+    try {
+      data_.close();
+      file_.close();
+    } catch (const h5::H5Error& e) {
+      throw ConfigError(fmt::format("--output {}: writing it failed: {}", path_, e.reason()));
+    }
     h5::commit_file(temp_, path_);
     committed_ = true;
   }
@@ -197,7 +203,10 @@ void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
       if (!spatial) {
         if (images == 0) continue;
         Tensor band(backend_->allocator(), 1, 1, 1, b * C, "prediction rows");
-        if (r == rank_) backend_->copy(band.data(), y.data(), size_t(images) * C);
+        if (r == rank_) {
+          backend_->copy(band.data(), y.data(), size_t(images) * C);
+          backend_->synchronize();
+        }
         if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), size_t(images) * C}}, {});
         if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), size_t(images) * C}});
         if (rank_ == 0) {
@@ -215,8 +224,10 @@ void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
           const int n = std::min(per_band, rows - r0);
           Tensor band(backend_->allocator(), 1, C, n, cols, "prediction band");
           const size_t count = size_t(C) * n * cols;
-          if (r == rank_)
+          if (r == rank_) {
             backend_->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols, band.data());
+            backend_->synchronize();  // the band is whole before a comm reads it
+          }
           if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), count}}, {});
           if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), count}});
           if (rank_ == 0) {

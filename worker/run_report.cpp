@@ -100,6 +100,20 @@ void publish_page(const std::string& path, const std::string& html) {
   }
 }
 
+namespace {
+// The fields of one line of metrics.csv (numbers and names: no quoting).
+std::vector<std::string> split_csv_row(const std::string& line) {
+  std::vector<std::string> fields;
+  size_t from = 0;
+  for (;;) {
+    const size_t comma = line.find(',', from);
+    fields.push_back(line.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+    if (comma == std::string::npos) return fields;
+    from = comma + 1;
+  }
+}
+}  // namespace
+
 std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64_t start_step,
                               int64_t total_steps) {
   const fs::path dir(config.run_dir);
@@ -112,26 +126,31 @@ std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64
   fs::remove(dir / "memory.csv", ec);
 
   const std::string metrics = (dir / "metrics.csv").string();
-  std::string header = kMetricsHeader;
-  for (const std::string& column : validation_columns(config)) header += "," + column;
-  const size_t columns = size_t(std::count(header.begin(), header.end(), ',')) + 1;
-  std::string kept = header + "\n";
+  std::vector<std::string> columns = split_csv_row(kMetricsHeader);
+  for (const std::string& column : validation_columns(config)) columns.push_back(column);
+  std::string kept = fmt::format("{}\n", fmt::join(columns, ","));
   if (start_step > 0 && fs::is_regular_file(metrics, ec)) {
-    // Rows of the steps before the resume point, under this run's header: a row logged
-    // without validation columns gets them empty.
+    // Rows of the steps before the resume point, under this run's header, each value under
+    // the column of its name in the header it was written with (validation columns that
+    // were not there stay empty; ones no longer asked for are dropped).
     const std::string text = read_text_file(metrics);
     size_t at = text.find('\n');
+    const std::vector<std::string> old = split_csv_row(text.substr(0, at));
     while (at != std::string::npos) {
       const size_t begin = at + 1, end = text.find('\n', begin);
       if (end == std::string::npos) break;  // a row cut short by a crash
-      std::string row = text.substr(begin, end - begin);
+      const std::string row = text.substr(begin, end - begin);
       char* stop = nullptr;
       const long long step = std::strtoll(row.c_str(), &stop, 10);
       if (stop != row.c_str() && *stop == ',' && step <= start_step) {
-        size_t fields = size_t(std::count(row.begin(), row.end(), ',')) + 1;
-        for (; fields < columns; ++fields) row += ",";
-        while (fields-- > columns) row.erase(row.rfind(','));
-        kept += row + "\n";
+        const std::vector<std::string> values = split_csv_row(row);
+        std::vector<std::string> out;
+        for (const std::string& column : columns) {
+          const auto it = std::find(old.begin(), old.end(), column);
+          const size_t i = size_t(it - old.begin());
+          out.push_back(it != old.end() && i < values.size() ? values[i] : "");
+        }
+        kept += fmt::format("{}\n", fmt::join(out, ","));
       }
       at = end;
     }

@@ -71,14 +71,18 @@ int signal_number(const std::string& text) {
 namespace {
 
 std::atomic<bool> g_taken{false};
+std::atomic<uint64_t> g_progress{0};
 
 // Polls the flags the handlers set; ends the process when a request goes unanswered.
 void watch(int grace_seconds) {
   using clock = std::chrono::steady_clock;
   std::optional<clock::time_point> since;
+  uint64_t seen = g_progress;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (pending_stop() == StopRequest::None || g_taken) {
+    const uint64_t progress = g_progress;
+    if (pending_stop() == StopRequest::None || g_taken || progress != seen) {
+      seen = progress;
       since.reset();
       continue;
     }
@@ -86,8 +90,8 @@ void watch(int grace_seconds) {
     if (clock::now() - *since < std::chrono::seconds(grace_seconds)) continue;
     // Only async-signal-safe-ish calls from here: the other threads may hold any lock.
     const std::string msg = fmt::format(
-        "a stop was requested {} s ago (slurm.signal_before) and the run has not reached a step boundary: it "
-        "is blocked reading data or waiting for another rank; exiting without a new checkpoint (the ones in "
+        "a stop was requested and the run has made no progress for {} s (slurm.signal_before): it is blocked "
+        "reading data or waiting for another rank; exiting without a new checkpoint (the ones in "
         "run_dir/checkpoints are intact)\n",
         grace_seconds);
     const ssize_t ignored = ::write(2, msg.data(), msg.size());
@@ -99,6 +103,7 @@ void watch(int grace_seconds) {
 }  // namespace
 
 void stop_request_taken() { g_taken = true; }
+void note_progress() { ++g_progress; }
 
 void install_stop_handlers(const std::string& warning_signal, int grace_seconds) {
   static std::once_flag watchdog;

@@ -35,6 +35,10 @@ void install_stop_handlers(const std::string& warning_signal, int grace_seconds 
 // stands down.
 void stop_request_taken();
 
+// The run moved on (a layer, a validation round, a checkpoint): the watchdog measures its
+// grace from the last call, so only a run that is stuck is ended, not a slow one.
+void note_progress();
+
 // SIGTERM, SIGINT and the warning signal (ignored when <= 0): the stop signals a
 // supervisor forwards, and blocks in a worker it starts until install_stop_handlers runs.
 sigset_t stop_signal_set(int warning_signal);

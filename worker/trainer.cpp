@@ -275,6 +275,7 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
   for (int l = 0; l < L; ++l) {
     acts.device[l + 1] = layers_[l]->forward(acts.device[l]);
     if (l > 0) stash(acts, l);  // layer l was the last to read its input
+    note_progress();
   }
   finish_offload(acts);
   const Tensor& y = acts.device[L];
@@ -294,6 +295,7 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
     layers_[l]->release_saved();
     acts.device[l + 1].release();
     dy = std::move(dx);
+    note_progress();
   }
   return loss;
 }
@@ -414,13 +416,16 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   const TrainingProgress progress{steps_done, data_->epoch_of_step(steps_done),
                                   steps_done * config_.training.batch_size};
   std::string path;
+  note_progress();
   if (rank_ == 0) {
     path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+    note_progress();
     checkpoints_->prune_after(steps_done);
     refresh_report();
   }
   // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
   world_->barrier();
+  note_progress();
   return path;
 }
 

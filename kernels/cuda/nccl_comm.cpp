@@ -138,11 +138,14 @@ void NcclComm::allreduce_sum(float* data, size_t count) {
     CUDA_CHECK(cudaMemsetAsync(padded, 0, sub * size_t(P) * sizeof(float), s_->stream));
     CUDA_CHECK(cudaMemcpyAsync(padded, data + off, len * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream));
     NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < P; ++r) {
-      NCCL_CHECK(ncclSend(padded + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream));
-      NCCL_CHECK(ncclRecv(received + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream));
+    ncclResult_t first = ncclSuccess;
+    for (int r = 0; r < P && first == ncclSuccess; ++r) {
+      first = ncclSend(padded + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream);
+      if (first == ncclSuccess) first = ncclRecv(received + size_t(r) * sub, sub, ncclFloat, r, s_->comm, s_->stream);
     }
-    NCCL_CHECK(ncclGroupEnd());
+    const ncclResult_t end = ncclGroupEnd();  // always closed, also after a failed post
+    NCCL_CHECK(first);
+    NCCL_CHECK(end);
     launch_sum_ranks(received, P, sub, sum, s_->stream);
     NCCL_CHECK(ncclAllGather(sum, padded, sub, ncclFloat, s_->comm, s_->stream));
     CUDA_CHECK(cudaMemcpyAsync(data + off, padded, len * sizeof(float), cudaMemcpyDeviceToDevice, s_->stream));

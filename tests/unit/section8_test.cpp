@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "common/config_support.hpp"
@@ -15,6 +16,7 @@
 #include "worker/data_reader.hpp"
 #include "worker/evaluation.hpp"
 #include "worker/h5.hpp"
+#include "worker/run_report.hpp"
 
 namespace fs = std::filesystem;
 
@@ -252,6 +254,42 @@ TEST(Section8Augment, DrawsDependOnSeedStepAndImageOnly) {
   int differ = 0;
   for (int64_t step = 0; step < 64; ++step) differ += augment_view(c, step, 5, 100, 90).top != augment_view(other, step, 5, 100, 90).top;
   EXPECT_GT(differ, 48);
+}
+
+}  // namespace
+}  // namespace ht
+
+namespace ht {
+namespace {
+
+// A resume under other validation settings: every old value stays under the column of its
+// name; columns not logged before are empty; ones no longer asked for are dropped.
+TEST(Section8Metrics, ResumeKeepsValuesUnderTheirColumnNames) {
+  const fs::path dir = fs::temp_directory_path() / ("ht_metrics_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "metrics.csv");
+    out << "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes,val_loss,val_accuracy\n"
+        << "1,0,0.9,0.1,1,2,3,0.8,0.5\n"
+        << "2,0,0.7,0.1,1,2,3,,\n"
+        << "3,0,0.6,0.1,1,2,3,0.6,0.75\n";
+  }
+  Config c = parse_config(kClassifier, "cfg.yaml",
+                          {"run_dir=" + dir.string(), "data.validation=v.h5", "training.metrics=[auc, accuracy]",
+                           "model.layers[2].units=2"});
+  const ShardPlan plan = make_shard_plan(build_model_spec(c), {1, 1});
+  prepare_run_files(c, plan, 2, 10);
+  std::ifstream in(dir / "metrics.csv");
+  std::string header, row1, row2, more;
+  std::getline(in, header);
+  std::getline(in, row1);
+  std::getline(in, row2);
+  EXPECT_EQ(header, "step,epoch,loss,lr,seconds,images_per_s,peak_device_bytes,val_loss,val_auc,val_accuracy");
+  EXPECT_EQ(row1, "1,0,0.9,0.1,1,2,3,0.8,,0.5");
+  EXPECT_EQ(row2, "2,0,0.7,0.1,1,2,3,,,");
+  EXPECT_FALSE(std::getline(in, more));  // step 3 is past the resume point
+  fs::remove_all(dir);
 }
 
 }  // namespace
