@@ -60,8 +60,8 @@ void check_input_file(const std::string& path, const char* flag) {
 // when every image is in it, removed when anything fails.
 class PredictionFile {
  public:
-  PredictionFile(const std::string& path, const std::vector<int64_t>& shape, LossType loss)
-      : path_(path), temp_(h5::temp_path(path)), shape_(shape), loss_(loss) {
+  PredictionFile(const std::string& path, const std::vector<int64_t>& shape)
+      : path_(path), temp_(h5::temp_path(path)), shape_(shape) {
     h5::quiet();
     try {
       file_ = h5::create_file(temp_);
@@ -116,11 +116,11 @@ class PredictionFile {
   }
 
  private:
-  // softmax_cross_entropy: softmax over the channels; sigmoid_bce: sigmoid; mse: as is.
+  // SPEC section 8: probabilities, the sigmoid of a single output, the softmax of several.
   void activate(float* v, int k) const {
-    if (loss_ == LossType::SigmoidBCE) {
-      for (int i = 0; i < k; ++i) v[i] = float(1.0 / (1.0 + std::exp(-double(v[i]))));
-    } else if (loss_ == LossType::SoftmaxCrossEntropy) {
+    if (k == 1) {
+      v[0] = float(1.0 / (1.0 + std::exp(-double(v[0]))));
+    } else {
       const double top = *std::max_element(v, v + k);
       double sum = 0;
       for (int i = 0; i < k; ++i) sum += std::exp(double(v[i]) - top);
@@ -130,7 +130,6 @@ class PredictionFile {
 
   std::string path_, temp_;
   std::vector<int64_t> shape_;
-  LossType loss_;
   h5::Hid file_, data_;
   bool committed_ = false;
 };
@@ -309,7 +308,7 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
     const std::vector<int64_t> shape = spatial ? std::vector<int64_t>{source.samples(), o.h, o.w, o.c}
                                                : std::vector<int64_t>{source.samples(), o.c};
     std::unique_ptr<PredictionFile> out;
-    if (rank == 0) out = std::make_unique<PredictionFile>(output, shape, model.loss);
+    if (rank == 0) out = std::make_unique<PredictionFile>(output, shape);
     worker.predict(source, out.get());
     const uint64_t peak = max_of(worker.peaks());
     if (rank != 0) return;

@@ -31,7 +31,8 @@ struct PredictionResult {
 };
 
 // Writes OUT's dataset `predictions` ([N, H', W', C'] probabilities of a fully
-// convolutional model, or [N, K] of a classifier; float32, chunked): every rank's output
+// convolutional model, or [N, K] of a classifier: the sigmoid of one output, the softmax
+// of several; float32, chunked): every rank's output
 // tile goes to rank 0 in bands of rows, which writes them as hyperslabs into a temporary
 // file renamed onto `output` at the end.
 PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,

@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from configs import write_config  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 RESULTS = []
@@ -100,14 +101,6 @@ def user_error(code, out, *needles):
     """Exit 1 with every needle in the output and no internal error or trace."""
     return code == 1 and all(n in out for n in needles) and "internal error" not in out and "terminate" not in out
 
-
-def wait_for(pred, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def checkpoint_cases():

@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from configs import write_config  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 BIN, MPIRUN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 GRACE = 4  # slurm.signal_before in these runs
@@ -76,14 +77,6 @@ def checkpoints_verify(run_dir):
             bad.append(name)
     return bad
 
-
-def wait_for(pred, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def main():
