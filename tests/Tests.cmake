@@ -1,6 +1,12 @@
 # Tests that run programs rather than gtest binaries: the PyTorch oracle (label `oracle`)
 # and MPI runs through mpirun (label `mpi`).
 set(HT_PYTHON /usr/bin/python3)
+
+# A Python test script driving the real binary: `script HALOTRAIN ARGS...`.
+function(ht_script_test name labels timeout script)
+  add_test(NAME ${name} COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${script} $<TARGET_FILE:halotrain> ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
+endfunction()
 foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools)
   add_test(NAME oracle_${case}
            COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/oracle.py ${case}
@@ -42,10 +48,8 @@ add_test(NAME mpi_kill_one_rank
 set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)
 
 # Checkpoint exactness, recycling and robustness through the real binary.
-add_test(NAME checkpoint_resume_recycle
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint/resume_test.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/resume-test)
-set_tests_properties(checkpoint_resume_recycle PROPERTIES LABELS checkpoint TIMEOUT 600)
+ht_script_test(checkpoint_resume_recycle "checkpoint" 600 checkpoint/resume_test.py
+               ${CMAKE_BINARY_DIR}/resume-test)
 
 # Slurm end to end on a real single-node cluster (slurm/local-cluster: root, slurm-wlm,
 # munge; skipped without them). One cluster at a time, hence the lock. The render and
@@ -60,46 +64,34 @@ endforeach()
 
 # Activation policies keep/offload/recompute/auto on the demo: bit-identical checkpoints,
 # measured peak memory per rank within 10% of the memory model, a tight budget honoured.
-add_test(NAME memory_policies
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/memory/policies_test.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/memory-policies)
-set_tests_properties(memory_policies PROPERTIES LABELS memory TIMEOUT 600)
+ht_script_test(memory_policies "memory" 600 memory/policies_test.py
+               ${CMAKE_BINARY_DIR}/memory-policies)
 
 # Hostile input, signals and kills (tests/cli/robustness_test.py): exit codes of SPEC
 # section 2, one clear message, no checkpoint lost. Every run inside has its own timeout.
-add_test(NAME cli_robustness
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/robustness_test.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/robustness-test)
-set_tests_properties(cli_robustness PROPERTIES LABELS checkpoint TIMEOUT 600)
+ht_script_test(cli_robustness "checkpoint" 600 cli/robustness_test.py
+               ${CMAKE_BINARY_DIR}/robustness-test)
 
 # Bad input to validation, evaluate and predict, and a predict killed mid-write
 # (tests/cli/section8_input_test.py).
-add_test(NAME section8_input
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/section8_input_test.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/section8-input)
-set_tests_properties(section8_input PROPERTIES LABELS checkpoint TIMEOUT 600)
+ht_script_test(section8_input "checkpoint" 600 cli/section8_input_test.py
+               ${CMAKE_BINARY_DIR}/section8-input)
 
 # A stop while blocked in a collective ends the job within slurm.signal_before; fewer
 # images than a batch and a data file cut short are said plainly.
-add_test(NAME stop_and_data
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/cli/stop_and_data_test.py $<TARGET_FILE:halotrain>
-                 ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/stop-and-data)
-set_tests_properties(stop_and_data PROPERTIES LABELS "checkpoint;mpi" TIMEOUT 300)
+ht_script_test(stop_and_data "checkpoint;mpi" 300 cli/stop_and_data_test.py
+               ${MPIEXEC_EXECUTABLE} ${CMAKE_BINARY_DIR}/stop-and-data)
 
 # Soak, short form (the long one is in bench/run-all): 1500 steps, recycle every 50, a
 # checkpoint every 10, 8 SIGKILLs (some mid-write) each resumed; bit for bit at the end,
 # every checkpoint verifying after every kill, RSS flat across recycles.
-add_test(NAME soak_short
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/soak/soak.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/soak --steps 1500 --kills 8)
-set_tests_properties(soak_short PROPERTIES LABELS soak TIMEOUT 600)
+ht_script_test(soak_short "soak" 600 soak/soak.py
+               ${CMAKE_BINARY_DIR}/soak --steps 1500 --kills 8)
 
 # report.html in headless chromium without network (tests/report/report_test.py): the DOM
 # against metrics.csv and the plan, a screenshot, bad input.
-add_test(NAME report_browser
-         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/report/report_test.py $<TARGET_FILE:halotrain>
-                 ${CMAKE_BINARY_DIR}/report-test)
-set_tests_properties(report_browser PROPERTIES LABELS report TIMEOUT 600)
+ht_script_test(report_browser "report" 600 report/report_test.py
+               ${CMAKE_BINARY_DIR}/report-test)
 
 # The GPU check bundle (scripts/gpu-check) builds from this build and holds everything its
 # five parts need; what a GPU machine would run is listed, nothing is run.

@@ -37,11 +37,12 @@ std::string choose_checkpoint(const Config& config, const ModelSpec& model, cons
     if (path.empty())
       throw ConfigError(fmt::format("{}: no valid checkpoint to evaluate (train first, or pass --checkpoint FILE)",
                                     dir));
+  } else {
+    if (const std::string problem = input_file_problem(path); !problem.empty())
+      throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
+    if (const std::string problem = checkpoint_problem(path); !problem.empty())
+      throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
   }
-  if (const std::string problem = input_file_problem(path); !problem.empty())
-    throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
-  if (const std::string problem = checkpoint_problem(path); !problem.empty())
-    throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
   const std::string hash = KerasWeightsFile(path).read_state().model_hash;
   if (hash != model_hash(model))
     throw ConfigError(fmt::format("--checkpoint {} was written for another model (model hash {}, {}'s is {}): its "
@@ -50,7 +51,8 @@ std::string choose_checkpoint(const Config& config, const ModelSpec& model, cons
   return path;
 }
 
-// The input must be what the model takes: a file name for messages, like data.train.
+// A FIFO, directory or device is refused before anything opens it (it could block); a
+// missing file is named by the data reader, as data.train is.
 void check_input_file(const std::string& path, const char* flag) {
   if (const std::string problem = input_file_problem(path); !problem.empty() && problem != "does not exist")
     throw ConfigError(fmt::format("{} {}: {}", flag, path, problem));
@@ -61,7 +63,7 @@ void check_input_file(const std::string& path, const char* flag) {
 class PredictionFile {
  public:
   PredictionFile(const std::string& path, const std::vector<int64_t>& shape)
-      : path_(path), temp_(h5::temp_path(path)), shape_(shape) {
+      : path_(path), temp_(h5::temp_path(path)) {
     h5::quiet();
     try {
       file_ = h5::create_file(temp_);
@@ -94,13 +96,13 @@ class PredictionFile {
       for (int c = 0; c < C; ++c) out[c] = chw[size_t(c) * plane + p];
       activate(out, C);
     }
-    h5::write_hyperslab(data_, {index, row0, col0, 0}, {1, rows, cols, C}, H5T_NATIVE_FLOAT, hwc.data());
+    write({index, row0, col0, 0}, {1, rows, cols, C}, hwc.data());
   }
   // Images [first, first + n) of a classifier, [n][K] raw outputs.
   void write_rows(int64_t first, int n, int K, const float* rows) {
     std::vector<float> v(rows, rows + size_t(n) * K);
     for (int i = 0; i < n; ++i) activate(v.data() + size_t(i) * K, K);
-    h5::write_hyperslab(data_, {first, 0}, {n, K}, H5T_NATIVE_FLOAT, v.data());
+    write({first, 0}, {n, K}, v.data());
   }
   void commit() {
     // Checked closes: a flush that fails (disk full) throws, and the destructor removes
@@ -116,6 +118,15 @@ class PredictionFile {
   }
 
  private:
+  // A failed write (disk full, quota) is the user's to mend: exit 1 naming the file.
+  void write(const std::vector<int64_t>& start, const std::vector<int64_t>& count, const float* data) {
+    try {
+      h5::write_hyperslab(data_, start, count, H5T_NATIVE_FLOAT, data);
+    } catch (const h5::H5Error& e) {
+      throw ConfigError(fmt::format("--output {}: writing it failed: {}", path_, e.reason()));
+    }
+  }
+
   // SPEC section 8: probabilities, the sigmoid of a single output, the softmax of several.
   void activate(float* v, int k) const {
     if (k == 1) {
@@ -129,7 +140,6 @@ class PredictionFile {
   }
 
   std::string path_, temp_;
-  std::vector<int64_t> shape_;
   h5::Hid file_, data_;
   bool committed_ = false;
 };

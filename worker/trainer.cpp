@@ -42,6 +42,7 @@ struct Trainer::Reporter {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::optional<Thumbnail> image;  // read once, for every refresh of report.html
   bool report_failed = false;      // warned once
+  size_t validation_columns = 0;   // of metrics.csv, after the training ones
 };
 
 // What survives a recycle: weights, BN statistics and optimizer state, on the host.
@@ -392,7 +393,7 @@ void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, b
     r.csv << fmt::format("{},{},{:.8g},{:.8g},{:.6f},{:.4f},{}", done, epoch, loss, learning_rate(step), seconds,
                          ips, peak);
     // The validation columns, empty on the rows where it did not run.
-    for (size_t i = 0; i < validation_columns(config_).size(); ++i)
+    for (size_t i = 0; i < r.validation_columns; ++i)
       r.csv << "," << (i < val.size() ? fmt::format("{:.8g}", val[i].second) : "");
     r.csv << "\n";
     r.csv.flush();
@@ -466,6 +467,7 @@ TrainSummary Trainer::run() {
   const int64_t total = total_steps(config_, data_->samples());
   Reporter& r = *reporter_;
   r.total = total;
+  r.validation_columns = validation_columns(config_).size();
   if (rank_ == 0) {
     r.csv.open(prepare_run_files(config_, plan_, start_step_, total), std::ios::app);
     if (!r.csv) throw ConfigError(fmt::format("run_dir {}: cannot write metrics.csv", config_.run_dir));
