@@ -18,6 +18,7 @@
 
 #include "orchestrator/config_yaml.hpp"
 #include "orchestrator/files.hpp"
+#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/model_spec.hpp"
 
 namespace ht {
@@ -30,23 +31,16 @@ namespace {
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
-const std::vector<std::string> kLayerTypeNames = {"conv2d",     "batch_norm", "relu", "max_pool2d",
-                                                  "avg_pool2d", "global_avg_pool", "dense"};
-const std::vector<LayerType> kLayerTypes = {LayerType::Conv2D,    LayerType::BatchNorm,     LayerType::ReLU,
-                                            LayerType::MaxPool2D, LayerType::AvgPool2D, LayerType::GlobalAvgPool,
-                                            LayerType::Dense};
+std::vector<std::string> layer_type_names() {
+  std::vector<std::string> names;
+  for (const LayerKind* k : layer_kinds()) names.push_back(k->type);
+  return names;
+}
 
-std::vector<std::string> layer_keys(LayerType t) {
-  switch (t) {
-    case LayerType::Conv2D: return {"type", "name", "filters", "kernel", "stride", "padding", "dilation", "bias"};
-    case LayerType::BatchNorm: return {"type", "name", "momentum", "epsilon"};
-    case LayerType::MaxPool2D:
-    case LayerType::AvgPool2D: return {"type", "name", "pool", "stride", "padding"};
-    case LayerType::Dense: return {"type", "name", "units", "bias"};
-    case LayerType::ReLU:
-    case LayerType::GlobalAvgPool: return {"type", "name"};
-  }
-  return {"type", "name"};
+std::vector<std::string> layer_keys(const LayerKind& kind) {
+  std::vector<std::string> keys = {"type", "name"};
+  for (const LayerKey& k : kind.keys) keys.push_back(k.name);
+  return keys;
 }
 
 const std::vector<std::string> kAdamKeys = {"type", "lr", "beta1", "beta2", "epsilon"};
@@ -86,23 +80,52 @@ Padding read_padding(const Item& it) {
   it.expected(what);
 }
 
+std::string expected_value(const LayerKey& key) {
+  switch (key.type) {
+    case KeyType::Int: return fmt::format("an integer >= {}", key.min);
+    case KeyType::Unit: return "a number in [0, 1)";
+    case KeyType::Positive: return "a number > 0";
+    case KeyType::Bool: return "true or false";
+    case KeyType::Padding: return "an integer >= 0, same or valid";
+  }
+  return "a value";
+}
+
+LayerValue read_layer_value(const MapReader& r, const LayerKey& key, const LayerConfig& so_far) {
+  const std::string& name = key.name;
+  if (!r.has(name)) {
+    if (key.default_value) return *key.default_value;
+    if (!key.default_key.empty()) return *so_far.find(key.default_key);
+    r[name].missing(expected_value(key));
+  }
+  switch (key.type) {
+    case KeyType::Int: return r.get_int(name, 0, key.min, kIntMax);
+    case KeyType::Unit: return r.get_unit(name, 0);
+    case KeyType::Positive: return r.get_positive(name, 1);
+    case KeyType::Bool: return r.get_bool(name, false);
+    case KeyType::Padding: return read_padding(r[name]);
+  }
+  throw std::logic_error("unknown key type");
+}
+
 LayerConfig read_layer(const Item& it) {
   const char* shape = "a map such as {type: conv2d, filters: 16}";
   if (!it.node.IsMap()) it.expected(shape);
   const Item type_item = peek(it, "type");
-  if (!type_item.present) type_item.missing("one of " + cfg::join(kLayerTypeNames, " | "));
+  const std::vector<std::string> type_names = layer_type_names();
+  if (!type_item.present) type_item.missing("one of " + cfg::join(type_names, " | "));
   LayerConfig l;
-  l.type = kLayerTypes.at(cfg::as_choice(type_item, kLayerTypeNames));
+  l.kind = find_layer_kind(type_names.at(cfg::as_choice(type_item, type_names)));
   l.line = it.line();
-  const std::vector<std::string> allowed = layer_keys(l.type);
+  const std::vector<std::string> allowed = layer_keys(*l.kind);
   auto foreign = [&](const std::string& key) -> std::optional<std::string> {
     std::vector<std::string> owners;
-    for (LayerType t : kLayerTypes) {
-      const auto keys = layer_keys(t);
-      if (std::find(keys.begin(), keys.end(), key) != keys.end()) owners.push_back(to_string(t));
+    for (const LayerKind* kind : layer_kinds()) {
+      const auto keys = layer_keys(*kind);
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) owners.push_back(kind->type);
     }
     if (owners.empty()) return std::nullopt;
-    return fmt::format("is not allowed for a {} layer (it is a setting of {}); allowed keys: {}", to_string(l.type),
+    return fmt::format("is not allowed for a {} layer (it is a setting of {}); allowed keys: {}", l.type(),
                        cfg::join(owners, ", "), cfg::join(allowed, ", "));
   };
   MapReader r(it, allowed, foreign, /*null_is_empty=*/false);
@@ -111,35 +134,7 @@ LayerConfig read_layer(const Item& it) {
     // The name becomes an HDF5 group in checkpoints.
     if (l.name.find('/') != std::string::npos) n.expected("a layer name without '/'");
   }
-  switch (l.type) {
-    case LayerType::Conv2D:
-      if (!r.has("filters")) r["filters"].missing("an integer >= 1");
-      l.filters = int(r.get_int("filters", 0, 1, kIntMax));
-      l.kernel = int(r.get_int("kernel", 1, 1, kIntMax));
-      l.stride = int(r.get_int("stride", 1, 1, kIntMax));
-      l.dilation = int(r.get_int("dilation", 1, 1, kIntMax));
-      if (r.has("padding")) l.padding = read_padding(r["padding"]);
-      l.bias = r.get_bool("bias", true);
-      break;
-    case LayerType::BatchNorm:
-      l.momentum = r.get_unit("momentum", 0.99);
-      l.epsilon = r.get_positive("epsilon", 1e-3);
-      break;
-    case LayerType::MaxPool2D:
-    case LayerType::AvgPool2D:
-      l.pool = int(r.get_int("pool", 2, 1, kIntMax));
-      l.stride = int(r.get_int("stride", l.pool, 1, kIntMax));
-      if (r.has("padding")) l.padding = read_padding(r["padding"]);
-      break;
-    case LayerType::Dense:
-      if (!r.has("units")) r["units"].missing("an integer >= 1");
-      l.units = int(r.get_int("units", 0, 1, kIntMax));
-      l.bias = r.get_bool("bias", true);
-      break;
-    case LayerType::ReLU:
-    case LayerType::GlobalAvgPool:
-      break;
-  }
+  for (const LayerKey& key : l.kind->keys) l.values.emplace_back(key.name, read_layer_value(r, key, l));
   return l;
 }
 
@@ -155,10 +150,10 @@ void name_layers(const Item& layers_item, std::vector<LayerConfig>& layers) {
                               second.path, layers[i].name, pos->second, first.where()));
     }
   }
-  std::map<LayerType, int> counters;
+  std::map<const LayerKind*, int> counters;
   for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i].name.empty()) continue;
-    layers[i].name = fmt::format("{}_{}", keras_class_prefix(layers[i].type), ++counters[layers[i].type]);
+    layers[i].name = fmt::format("{}_{}", layers[i].kind->keras_prefix, ++counters[layers[i].kind]);
     auto clash = explicit_names.find(layers[i].name);
     if (clash != explicit_names.end()) {
       const Item named = layers_item.element(clash->second), unnamed = layers_item.element(i);

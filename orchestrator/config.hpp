@@ -5,6 +5,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace ht {
@@ -15,7 +18,6 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class LayerType { Conv2D, BatchNorm, ReLU, MaxPool2D, AvgPool2D, GlobalAvgPool, Dense };
 enum class PaddingMode { Explicit, Same, Valid };
 enum class LossType { SoftmaxCrossEntropy, SigmoidBCE, MSE };
 enum class OptimizerType { Adam, SGD };
@@ -25,7 +27,6 @@ enum class RecycleMode { InProcess, Restart };
 enum class Metric { Accuracy, AUC, Dice, IoU };
 enum class ScheduleType { Constant, Cosine, Step };
 
-const char* to_string(LayerType t);        // the YAML spelling: "conv2d", "batch_norm", ...
 const char* to_string(PaddingMode m);      // "explicit", "same", "valid"
 const char* to_string(LossType t);
 const char* to_string(OptimizerType t);
@@ -40,24 +41,27 @@ struct Padding {
   int value = 0;  // only for Explicit: symmetric pixels on each side
 };
 
+struct LayerKind;  // orchestrator/layer_kind.hpp: what a layer type is
+
+// One key of a layer: an integer, a number, a flag or a padding.
+using LayerValue = std::variant<int64_t, double, bool, Padding>;
+
 struct LayerConfig {
-  LayerType type = LayerType::ReLU;
+  const LayerKind* kind = nullptr;
   std::string name;  // Keras-style default filled in when the YAML gives none
   int line = 0;      // 1-based line of the layer in the config file (0: unknown)
-  // conv2d
-  int filters = 0;
-  int kernel = 1;
-  int stride = 1;  // conv2d default 1; pools default to `pool`
-  int dilation = 1;
-  Padding padding;  // conv2d default `valid` as Keras; pools default `valid`
-  bool bias = true;
-  // batch_norm
-  double momentum = 0.99;
-  double epsilon = 1e-3;
-  // pools
-  int pool = 2;
-  // dense
-  int units = 0;
+  // Every key of the kind, in its order, defaults filled in.
+  std::vector<std::pair<std::string, LayerValue>> values;
+
+  const std::string& type() const;  // the YAML spelling: "conv2d", "batch_norm", ...
+  // The value of one of the kind's keys; std::logic_error when the kind has no such key
+  // of that type.
+  int integer(std::string_view key) const;
+  double number(std::string_view key) const;
+  bool flag(std::string_view key) const;
+  const Padding& padding(std::string_view key) const;
+  const LayerValue* find(std::string_view key) const;
+  void set(const std::string& key, LayerValue value);  // replaces the key's value, or adds it
 };
 
 struct SynthesizeConfig {

@@ -7,21 +7,9 @@
 #include <stdexcept>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/layer_kind.hpp"
 
 namespace ht {
-
-const char* to_string(LayerType t) {
-  switch (t) {
-    case LayerType::Conv2D: return "conv2d";
-    case LayerType::BatchNorm: return "batch_norm";
-    case LayerType::ReLU: return "relu";
-    case LayerType::MaxPool2D: return "max_pool2d";
-    case LayerType::AvgPool2D: return "avg_pool2d";
-    case LayerType::GlobalAvgPool: return "global_avg_pool";
-    case LayerType::Dense: return "dense";
-  }
-  return "?";
-}
 
 const char* to_string(PaddingMode m) {
   switch (m) {
@@ -157,38 +145,25 @@ void key_nullable(YAML::Emitter& out, const char* key, const std::string& v) {
   else out << Q{v};
 }
 
-void emit_padding(YAML::Emitter& out, const Padding& p) {
-  out << YAML::Key << "padding" << YAML::Value;
+void emit_padding(YAML::Emitter& out, const std::string& key, const Padding& p) {
+  out << YAML::Key << key << YAML::Value;
   if (p.mode == PaddingMode::Explicit) out << p.value;
   else out << to_string(p.mode);
 }
 
 void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
   out << YAML::Flow << YAML::BeginMap;
-  out << YAML::Key << "type" << YAML::Value << to_string(l.type);
+  out << YAML::Key << "type" << YAML::Value << l.type();
   if (!l.name.empty()) out << YAML::Key << "name" << YAML::Value << Q{l.name};
-  switch (l.type) {
-    case LayerType::Conv2D:
-      out << YAML::Key << "filters" << YAML::Value << l.filters << YAML::Key << "kernel" << YAML::Value << l.kernel
-          << YAML::Key << "stride" << YAML::Value << l.stride;
-      emit_padding(out, l.padding);
-      out << YAML::Key << "dilation" << YAML::Value << l.dilation << YAML::Key << "bias" << YAML::Value << l.bias;
-      break;
-    case LayerType::BatchNorm:
-      out << YAML::Key << "momentum" << YAML::Value << num(l.momentum) << YAML::Key << "epsilon" << YAML::Value
-          << num(l.epsilon);
-      break;
-    case LayerType::MaxPool2D:
-    case LayerType::AvgPool2D:
-      out << YAML::Key << "pool" << YAML::Value << l.pool << YAML::Key << "stride" << YAML::Value << l.stride;
-      emit_padding(out, l.padding);
-      break;
-    case LayerType::Dense:
-      out << YAML::Key << "units" << YAML::Value << l.units << YAML::Key << "bias" << YAML::Value << l.bias;
-      break;
-    case LayerType::ReLU:
-    case LayerType::GlobalAvgPool:
-      break;
+  for (const auto& [key, value] : l.values) {
+    if (const Padding* p = std::get_if<Padding>(&value)) {
+      emit_padding(out, key, *p);
+      continue;
+    }
+    out << YAML::Key << key << YAML::Value;
+    if (const int64_t* i = std::get_if<int64_t>(&value)) out << *i;
+    else if (const double* d = std::get_if<double>(&value)) out << num(*d);
+    else out << std::get<bool>(value);
   }
   out << YAML::EndMap;
 }

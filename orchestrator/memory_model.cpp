@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "orchestrator/activation_plan.hpp"
+#include "orchestrator/layer_kind.hpp"
 
 namespace ht {
 
@@ -105,13 +106,13 @@ uint64_t tile_bytes(const Rect& rect, int channels, int batch) {
 
 uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model) {
   const bool conv = std::any_of(model.layers.begin(), model.layers.end(),
-                                [](const LayerSpec& l) { return l.config.type == LayerType::Conv2D; });
+                                [](const LayerSpec& l) { return l.kind().traits.conv_workspace; });
   return config.parallel.backend == Backend::CUDA && conv ? kConvWorkspaceLimit : 0;
 }
 
 bool backward_reads_window(const LayerSpec& layer, int index) {
-  const LayerType t = layer.config.type;
-  return layer.windowed() && (t == LayerType::Conv2D || (t == LayerType::MaxPool2D && index > 0));
+  const WindowUse use = layer.kind().traits.backward_window;
+  return layer.windowed() && (use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && index > 0));
 }
 
 int local_batch(const Config& config, const ShardPlan& plan) {
@@ -179,7 +180,7 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
       const LayerPlan& lp = plan.layers[l];
       const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
       const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
-      if (spec.config.type == LayerType::Conv2D && (extra_h || extra_w))
+      if (spec.kind().traits.conv_workspace && (extra_h || extra_w))
         z.padded = round_like_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
                                              uint64_t(need.cols.size() + extra_w) * kFloat);
     }
@@ -193,7 +194,7 @@ namespace {
 // Whether layer l keeps its extended input from forward to backward (worker/layers.cpp).
 bool keeps_extended_input(const LayerSpec& layer, const StepMemory::LayerSizes& sizes, ActivationPolicy policy) {
   return layer.windowed() && !sizes.in_place && policy == ActivationPolicy::Keep &&
-         layer.config.type != LayerType::AvgPool2D;
+         layer.kind().traits.backward_window != WindowUse::None;
 }
 
 // One step of one rank, replayed allocation by allocation. The order of every alloc and
@@ -247,7 +248,7 @@ class StepReplay {
   }
 
   int layers() const { return int(m_.layers.size()); }
-  LayerType type(int l) const { return m_.layers[l].config.type; }
+  const LayerTraits& traits(int l) const { return m_.layers[l].kind().traits; }
   bool windowed(int l) const { return m_.layers[l].windowed(); }
   const StepMemory::LayerSizes& at(int l) const { return z_.layers[l]; }
   bool keeps_ext(int l) const { return keeps_extended_input(m_.layers[l], at(l), policy_[l]); }
@@ -288,7 +289,7 @@ class StepReplay {
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
     alloc(kActivations, act_bytes(l + 1));
-    if (type(l) == LayerType::Conv2D && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
+    if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     if (w && !keeps_ext(l)) release(kActivations, ext);
     where_[l + 1] = Where::Device;
   }
@@ -315,7 +316,8 @@ class StepReplay {
   void backward(int l) {
     const bool need_dx = l > 0;
     const uint64_t dy = act_bytes(l + 1);
-    const LayerType t = type(l);
+    // A window used for the weight gradient only is freed before the input gradient is made.
+    const bool frees_window_first = traits(l).backward_window == WindowUse::WeightGradient;
     if (windowed(l)) {
       uint64_t ext = keeps_ext(l) ? at(l).ext : 0;
       Kind ext_kind = kActivations;
@@ -323,17 +325,17 @@ class StepReplay {
         ext = gather(l, kTransient);
         ext_kind = kTransient;
       }
-      if (t == LayerType::Conv2D) release(ext_kind, ext);  // backward_data needs only dy
+      if (frees_window_first) release(ext_kind, ext);
       if (need_dx) {
         alloc(kTransient, at(l).ext);  // gradient of the extended input
-        if (t != LayerType::Conv2D) release(ext_kind, ext);
+        if (!frees_window_first) release(ext_kind, ext);
         phase(l, HaloPhase::Cols);
         phase(l, HaloPhase::Rows);
         if (!at(l).in_place) {
           alloc(kTransient, at(l).owned_in);
           release(kTransient, at(l).ext);
         }
-      } else if (t != LayerType::Conv2D) {
+      } else if (!frees_window_first) {
         release(ext_kind, ext);
       }
     } else if (need_dx) {

@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "orchestrator/layer_kind.hpp"
+
 namespace ht {
 
 int64_t WeightSpec::elements() const {
@@ -12,16 +14,7 @@ int64_t WeightSpec::elements() const {
   return n;
 }
 
-bool LayerSpec::windowed() const {
-  switch (config.type) {
-    case LayerType::Conv2D:
-    case LayerType::MaxPool2D:
-    case LayerType::AvgPool2D:
-      return true;
-    default:
-      return false;
-  }
-}
+bool LayerSpec::windowed() const { return kind().traits.windowed; }
 
 int64_t LayerSpec::param_count(bool trainable_only) const {
   int64_t n = 0;
@@ -34,19 +27,6 @@ int64_t ModelSpec::param_count(bool trainable_only) const {
   int64_t n = 0;
   for (const auto& l : layers) n += l.param_count(trainable_only);
   return n;
-}
-
-std::string keras_class_prefix(LayerType t) {
-  switch (t) {
-    case LayerType::Conv2D: return "conv2d";
-    case LayerType::BatchNorm: return "batch_normalization";
-    case LayerType::ReLU: return "activation";
-    case LayerType::MaxPool2D: return "max_pooling2d";
-    case LayerType::AvgPool2D: return "average_pooling2d";
-    case LayerType::GlobalAvgPool: return "global_average_pooling2d";
-    case LayerType::Dense: return "dense";
-  }
-  return "layer";
 }
 
 Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding) {
@@ -79,8 +59,7 @@ Window1D make_window(int in, int kernel, int stride, int dilation, const Padding
 namespace {
 
 std::string where(const Config& config, const LayerConfig& l, size_t index) {
-  return fmt::format("{}:{}: model.layers[{}] ({} '{}')", config.source_path, l.line, index,
-                     to_string(l.type), l.name);
+  return fmt::format("{}:{}: model.layers[{}] ({} '{}')", config.source_path, l.line, index, l.type(), l.name);
 }
 
 }  // namespace
@@ -116,84 +95,29 @@ ModelSpec build_model_spec(const Config& config) {
   Shape3 shape = spec.input;
   bool spatial = true;
   spec.spatial_layers = int(config.model.layers.size());
-  std::map<LayerType, int> counters;
+  std::map<const LayerKind*, int> counters;
   for (size_t i = 0; i < config.model.layers.size(); ++i) {
     LayerSpec l;
     l.config = config.model.layers[i];
     if (l.config.name.empty())
-      l.config.name = fmt::format("{}_{}", keras_class_prefix(l.config.type), ++counters[l.config.type]);
+      l.config.name = fmt::format("{}_{}", l.kind().keras_prefix, ++counters[l.config.kind]);
     l.in = shape;
     l.spatial = spatial;
     l.rows = make_window(shape.h, 1, 1, 1, Padding{});
     l.cols = make_window(shape.w, 1, 1, 1, Padding{});
-    const LayerConfig& c = l.config;
-    switch (c.type) {
-      case LayerType::Conv2D:
-      case LayerType::MaxPool2D:
-      case LayerType::AvgPool2D: {
-        if (!spatial)
-          throw ConfigError(fmt::format("{}: needs a spatial input, but it comes after the global pool",
-                                        where(config, c, i)));
-        const bool conv = c.type == LayerType::Conv2D;
-        const int k = conv ? c.kernel : c.pool;
-        const int d = conv ? c.dilation : 1;
-        l.rows = make_window(shape.h, k, c.stride, d, c.padding);
-        l.cols = make_window(shape.w, k, c.stride, d, c.padding);
-        if (l.rows.out < 1 || l.cols.out < 1)
-          throw ConfigError(fmt::format(
-              "{}: window {}x{} (dilation {}) with padding {} does not fit its {}x{} input; "
-              "expected an input of at least {} pixels per side",
-              where(config, c, i), k, k, d, to_string(c.padding.mode), shape.h, shape.w,
-              l.rows.span() - (c.padding.mode == PaddingMode::Explicit ? 2 * c.padding.value : 0)));
-        if (c.padding.mode == PaddingMode::Explicit && c.padding.value >= l.rows.span() && !conv)
-          throw ConfigError(fmt::format("{}: padding {} must be smaller than the pool window {}",
-                                        where(config, c, i), c.padding.value, k));
-        const int cout = conv ? c.filters : shape.c;
-        l.out = {cout, l.rows.out, l.cols.out};
-        if (conv) {
-          l.weights.push_back({"kernel:0", {k, k, shape.c, cout}, true});
-          if (c.bias) l.weights.push_back({"bias:0", {cout}, true});
-          l.flops_per_image = 2ll * k * k * shape.c * cout * l.out.h * l.out.w;
-        } else {
-          l.flops_per_image = int64_t(k) * k * l.out.elements();
-        }
-        break;
-      }
-      case LayerType::BatchNorm:
-        if (!spatial)
-          throw ConfigError(fmt::format(
-              "{}: batch_norm after the global pool is not supported; put it before global_avg_pool",
-              where(config, c, i)));
-        l.out = shape;
-        l.weights = {{"gamma:0", {shape.c}, true},
-                     {"beta:0", {shape.c}, true},
-                     {"moving_mean:0", {shape.c}, false},
-                     {"moving_variance:0", {shape.c}, false}};
-        l.flops_per_image = 8 * shape.elements();
-        break;
-      case LayerType::ReLU:
-        l.out = shape;
-        l.flops_per_image = shape.elements();
-        break;
-      case LayerType::GlobalAvgPool:
-        if (!spatial)
-          throw ConfigError(fmt::format("{}: a second global_avg_pool has no spatial input",
-                                        where(config, c, i)));
-        l.out = {shape.c, 1, 1};
-        l.flops_per_image = shape.elements();
-        spatial = false;
-        spec.spatial_layers = int(i) + 1;
-        break;
-      case LayerType::Dense:
-        if (spatial)
-          throw ConfigError(fmt::format(
-              "{}: dense needs a vector input; put a global_avg_pool before it (found a {}x{}x{} feature map)",
-              where(config, c, i), shape.h, shape.w, shape.c));
-        l.out = {c.units, 1, 1};
-        l.weights.push_back({"kernel:0", {shape.c, c.units}, true});
-        if (c.bias) l.weights.push_back({"bias:0", {c.units}, true});
-        l.flops_per_image = 2ll * shape.c * c.units;
-        break;
+    try {
+      l.kind().shape(l);
+      const LayerInput where_it_sits = l.kind().traits.input;
+      if (where_it_sits == LayerInput::FeatureMap && !spatial)
+        throw LayerShapeError("needs a feature map input, but it comes after the global pool");
+      if (where_it_sits == LayerInput::Vector && spatial)
+        throw LayerShapeError(fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
+    } catch (const LayerShapeError& e) {
+      throw ConfigError(fmt::format("{}: {}", where(config, l.config, i), e.what()));
+    }
+    if (l.kind().traits.global_pool) {
+      spatial = false;
+      spec.spatial_layers = int(i) + 1;
     }
     shape = l.out;
     spec.layers.push_back(std::move(l));

@@ -28,11 +28,25 @@ struct Window1D {
   int end_input(int b) const { return (b - 1) * stride - pad_lo + span(); }
 };
 
+// How a weight is laid out on the device, against its Keras layout.
+enum class WeightLayout {
+  Keras,       // the same
+  ConvKernel,  // Keras (kh, kw, cin, cout); the device holds OIHW [cout][cin][kh][kw]
+};
+// A weight's first value (Keras's defaults).
+enum class WeightInit {
+  Zeros,
+  Ones,
+  GlorotUniform,  // limit sqrt(6 / (fan_in + fan_out)), shape (receptive field..., in, out)
+};
+
 // A weight tensor in Keras naming and layout ("kernel:0" (kh, kw, cin, cout), ...).
 struct WeightSpec {
   std::string name;           // "kernel:0", "bias:0", "gamma:0", "beta:0", ...
   std::vector<int64_t> keras_shape;
   bool trainable = true;      // BN moving statistics are not
+  WeightLayout layout = WeightLayout::Keras;
+  WeightInit init = WeightInit::Zeros;
   int64_t elements() const;
 };
 
@@ -45,7 +59,8 @@ struct LayerSpec {
   Window1D rows, cols;  // identity windows for pointwise layers
   std::vector<WeightSpec> weights;
   int64_t flops_per_image = 0;  // forward multiply-adds x 2, for the cost model
-  // Conv and pools read a window of their input: they need halos from neighbours.
+  const LayerKind& kind() const { return *config.kind; }
+  // The kind reads a window of its input (conv, pools): it needs halos from neighbours.
   bool windowed() const;
   int64_t param_count(bool trainable_only = false) const;
 };
@@ -66,8 +81,5 @@ Window1D make_window(int in, int kernel, int stride, int dilation, const Padding
 // config line) when shapes do not work: a window larger than its input, a dense layer
 // on a spatial input, a loss that does not match the output.
 ModelSpec build_model_spec(const Config& config);
-
-// Keras 2 default layer names: conv2d_1, batch_normalization_1, activation_1, ...
-std::string keras_class_prefix(LayerType t);
 
 }  // namespace ht

@@ -214,7 +214,7 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
     any_windowed = true;
     const HaloWidths h = halo_widths(plan, l);
     line(fmt::format("  {:<28} {:<12} {:<18} {:>18} {:>16}",
-                     fmt::format("{} ({})", L.config.name, to_string(L.config.type)), window_text(L),
+                     fmt::format("{} ({})", L.config.name, L.config.type()), window_text(L),
                      fmt::format("{}x{}x{}", L.in.h, L.in.w, L.in.c),
                      fmt::format("{}/{}", h.rows_above, h.rows_below),
                      fmt::format("{}/{}", h.cols_left, h.cols_right)));
@@ -321,7 +321,7 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan) {
         "    {{\"index\": {}, \"name\": {}, \"type\": {}, \"windowed\": {}, \"spatial\": {}, "
         "\"input\": [{}, {}, {}], \"output\": [{}, {}, {}], \"activations\": {}, "
         "\"halo\": {{\"rows_above\": {}, \"rows_below\": {}, \"cols_left\": {}, \"cols_right\": {}}}}}{}\n",
-        l, json_string(L.config.name), json_string(to_string(L.config.type)), L.windowed() ? "true" : "false",
+        l, json_string(L.config.name), json_string(L.config.type()), L.windowed() ? "true" : "false",
         L.spatial ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c,
         json_string(to_string(policies[l])), h.rows_above,
         h.rows_below, h.cols_left, h.cols_right, l + 1 < m.layers.size() ? "," : "");

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "orchestrator/layer_kind.hpp"
+
 namespace ht {
 
 Range intersect(const Range& a, const Range& b) {
@@ -30,7 +32,7 @@ int extent(const Shape3& s, Axis a) { return a == Axis::Rows ? s.h : s.w; }
 // or the last layer's output for a fully convolutional model.
 int partition_level(const ModelSpec& m) {
   const int s = m.spatial_layers;
-  if (s > 0 && m.layers[s - 1].config.type == LayerType::GlobalAvgPool) return s - 1;
+  if (s > 0 && m.layers[s - 1].kind().traits.global_pool) return s - 1;
   return s;
 }
 
@@ -38,8 +40,8 @@ std::string describe(const ModelSpec& m, int layer) {
   if (layer < 0) return "model.input";
   const LayerConfig& c = m.layers[layer].config;
   if (c.line > 0)
-    return fmt::format("model.layers[{}] ({} '{}', line {})", layer, to_string(c.type), c.name, c.line);
-  return fmt::format("model.layers[{}] ({} '{}')", layer, to_string(c.type), c.name);
+    return fmt::format("model.layers[{}] ({} '{}', line {})", layer, c.type(), c.name, c.line);
+  return fmt::format("model.layers[{}] ({} '{}')", layer, c.type(), c.name);
 }
 
 std::string show(const Range& r) { return fmt::format("[{}, {})", r.lo, r.hi); }

@@ -153,7 +153,7 @@ json plan_part(const Config& config, const ShardPlan& plan) {
   for (size_t l = 0; l < per_layer.size(); ++l) {
     const LayerMemory& x = per_layer[l];
     layers.push_back({{"name", plan.model.layers[l].config.name},
-                      {"type", to_string(plan.model.layers[l].config.type)},
+                      {"type", plan.model.layers[l].config.type()},
                       {"policy", to_string(policies[l])},
                       {"params", x.params},
                       {"grads", x.grads},

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "orchestrator/files.hpp"
+#include "orchestrator/layer_kind.hpp"
 #include "worker/checkpoint_dir.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
@@ -16,18 +17,50 @@ namespace fs = std::filesystem;
 
 namespace ht {
 
-std::string model_hash(const ModelSpec& model) {
-  std::string text = fmt::format("input {} {} {}; loss {};", model.input.h, model.input.w, model.input.c,
-                                  to_string(model.loss));
-  for (const LayerSpec& l : model.layers) {
-    const LayerConfig& c = l.config;
-    text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{};", to_string(c.type), c.name, c.filters,
-                        c.kernel, c.stride, c.dilation, to_string(c.padding.mode), c.padding.value, c.bias,
-                        c.pool, c.units);
-  }
+namespace {
+
+std::string fnv1a(const std::string& text) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
   for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
   return fmt::format("{:016x}", h);
+}
+
+std::string hash_prefix(const ModelSpec& model) {
+  return fmt::format("input {} {} {}; loss {};", model.input.h, model.input.w, model.input.c, to_string(model.loss));
+}
+
+// The hash of checkpoints written before layer kinds described themselves: fixed fields,
+// at the defaults of the kinds that lack them. Read so those checkpoints still resume.
+std::string fixed_field_model_hash(const ModelSpec& model) {
+  std::string text = hash_prefix(model);
+  for (const LayerSpec& l : model.layers) {
+    const LayerConfig& c = l.config;
+    auto get = [&](const char* key, int64_t def) {
+      const LayerValue* v = c.find(key);
+      if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v);
+      if (v && std::holds_alternative<bool>(*v)) return int64_t(std::get<bool>(*v));
+      return def;
+    };
+    const LayerValue* p = c.find("padding");
+    const Padding pad = p && std::holds_alternative<Padding>(*p) ? std::get<Padding>(*p) : Padding{};
+    text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{};", c.type(), c.name, get("filters", 0),
+                        get("kernel", 1), get("stride", 1), get("dilation", 1), to_string(pad.mode), pad.value,
+                        get("bias", 1) != 0, get("pool", 2), get("units", 0));
+  }
+  return fnv1a(text);
+}
+
+}  // namespace
+
+std::string model_hash(const ModelSpec& model) {
+  std::string text = hash_prefix(model);
+  for (const LayerSpec& l : model.layers)
+    text += fmt::format(" {} {} {};", l.config.type(), l.config.name, describe_values(l.config));
+  return fnv1a(text);
+}
+
+bool model_hash_matches(const std::string& stored, const ModelSpec& model) {
+  return stored == model_hash(model) || stored == fixed_field_model_hash(model);
 }
 
 namespace {
@@ -243,7 +276,7 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
   KerasWeightsFile file(path);
   const HalotrainState state = file.read_state();
   const std::string hash = model_hash(model);
-  if (state.model_hash != hash)
+  if (!model_hash_matches(state.model_hash, model))
     throw ConfigError(fmt::format(
         "checkpoint {} was written for another model (model hash {}, this config's is {}): the layers and "
         "model.input cannot change on resume; set checkpoint.resume: never or use a new run_dir",

@@ -59,7 +59,11 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
 // and found.
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params);
 
-// A short hex digest of the model part of the config (input, layers, loss).
+// A short hex digest of the model part of the config (input, loss, every layer's type,
+// name and values).
 std::string model_hash(const ModelSpec& model);
+// Whether a checkpoint's stored hash is this model's (also as checkpoints written before
+// the hash covered every value of every layer computed it).
+bool model_hash_matches(const std::string& stored, const ModelSpec& model);
 
 }  // namespace ht

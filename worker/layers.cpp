@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+
+#include "orchestrator/layer_kind.hpp"
 
 namespace ht {
 
@@ -66,10 +69,12 @@ class WindowedLayer : public Layer {
   void release_saved() override { ext_.release(); }
 
  protected:
-  // Under keep the extended input waits for backward; otherwise it is dropped after
-  // forward and gathered again for backward, by every rank alike (orchestrator's
-  // StepReplay mirrors this).
-  bool keeps_ext() const { return policy() == ActivationPolicy::Keep; }
+  // Under keep the extended input waits for backward when the backward reads it (the
+  // kind's WindowUse); otherwise it is dropped after forward and gathered again for
+  // backward, by every rank alike (orchestrator's StepReplay follows the same traits).
+  bool keeps_ext() const {
+    return policy() == ActivationPolicy::Keep && spec().kind().traits.backward_window != WindowUse::None;
+  }
   const Tensor& regather(const Tensor& x) {
     if (keeps_ext()) return kernel_input(x);
     return gather(x);
@@ -168,12 +173,14 @@ class Conv2DLayer : public WindowedLayer {
   SizedKernel train_conv_, other_conv_;  // the training batch's, and inference's
 };
 
+enum class PoolOp { Max, Average };
+
 class PoolLayer : public WindowedLayer {
  public:
-  using WindowedLayer::WindowedLayer;
+  PoolLayer(const LayerContext& ctx, int index, PoolOp op) : WindowedLayer(ctx, index), op_(op) {}
 
  protected:
-  bool is_max() const { return spec().config.type == LayerType::MaxPool2D; }
+  bool is_max() const { return op_ == PoolOp::Max; }
   PoolGeom geom(const Tensor& in) const {
     const LayerSpec& s = spec();
     PoolGeom g;
@@ -199,8 +206,8 @@ class PoolLayer : public WindowedLayer {
       ctx_.backend.max_pool_forward(g, in.data(), y.data());
     else
       ctx_.backend.avg_pool_forward(g, in.data(), y.data());
-    // Average pooling's backward needs only shapes; inference needs nothing.
-    if (!is_max() || !keeps_ext() || mode == ForwardMode::Eval) ext_.release();
+    // Average pooling's backward needs only shapes (keeps_ext is false); inference nothing.
+    if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
@@ -219,6 +226,9 @@ class PoolLayer : public WindowedLayer {
     ext_.release();
     return dx;
   }
+
+ private:
+  PoolOp op_;
 };
 
 // Statistics over the batch and all shards, as BatchNorm2d in training mode; moving
@@ -242,7 +252,7 @@ class BatchNormLayer : public Layer {
     // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
     ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
     ctx_.world.allreduce_sum_host(sq.data(), c);
-    const double eps = spec().config.epsilon;
+    const double eps = spec().config.number("epsilon");
     for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);
     if (mode == ForwardMode::Train) update_moving_statistics(sq, count);
     Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
@@ -260,7 +270,7 @@ class BatchNormLayer : public Layer {
     std::vector<double> mean(c), invstd(c);
     for (int i = 0; i < c; ++i) {
       mean[i] = mm[i];
-      invstd[i] = 1.0 / std::sqrt(double(mv[i]) + spec().config.epsilon);
+      invstd[i] = 1.0 / std::sqrt(double(mv[i]) + spec().config.number("epsilon"));
     }
     Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
     ctx_.backend.bn_forward_apply(x.n(), c, int64_t(x.h()) * x.w(), x.data(), mean.data(), invstd.data(),
@@ -269,7 +279,7 @@ class BatchNormLayer : public Layer {
   }
   void update_moving_statistics(const std::vector<double>& sq, double count) {
     const int c = int(sq.size());
-    const double momentum = spec().config.momentum;
+    const double momentum = spec().config.number("momentum");
     std::vector<float> mm(c), mv(c);
     const ParamRef* rm = ctx_.params.find(index_, "moving_mean:0");
     const ParamRef* rv = ctx_.params.find(index_, "moving_variance:0");
@@ -381,19 +391,43 @@ class DenseLayer : public Layer {
   }
 };
 
+template <class L>
+LayerFactory factory() {
+  return [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> { return std::make_unique<L>(ctx, index); };
+}
+
+LayerFactory pool_factory(PoolOp op) {
+  return [op](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {
+    return std::make_unique<PoolLayer>(ctx, index, op);
+  };
+}
+
+std::map<std::string, LayerFactory>& kernels() {
+  static std::map<std::string, LayerFactory> table = {
+      {"conv2d", factory<Conv2DLayer>()},
+      {"batch_norm", factory<BatchNormLayer>()},
+      {"relu", factory<ReLULayer>()},
+      {"max_pool2d", pool_factory(PoolOp::Max)},
+      {"avg_pool2d", pool_factory(PoolOp::Average)},
+      {"global_avg_pool", factory<GlobalAvgPoolLayer>()},
+      {"dense", factory<DenseLayer>()},
+  };
+  return table;
+}
+
 }  // namespace
 
+void register_layer_kernels(const std::string& type, LayerFactory factory) {
+  if (!kernels().emplace(type, std::move(factory)).second)
+    throw std::logic_error("layer kind '" + type + "' has kernels registered twice");
+}
+
 std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index) {
-  switch (ctx.plan.model.layers[index].config.type) {
-    case LayerType::Conv2D: return std::make_unique<Conv2DLayer>(ctx, index);
-    case LayerType::MaxPool2D:
-    case LayerType::AvgPool2D: return std::make_unique<PoolLayer>(ctx, index);
-    case LayerType::BatchNorm: return std::make_unique<BatchNormLayer>(ctx, index);
-    case LayerType::ReLU: return std::make_unique<ReLULayer>(ctx, index);
-    case LayerType::GlobalAvgPool: return std::make_unique<GlobalAvgPoolLayer>(ctx, index);
-    case LayerType::Dense: return std::make_unique<DenseLayer>(ctx, index);
-  }
-  throw std::logic_error("unknown layer type");
+  const std::string& type = ctx.plan.model.layers[index].config.type();
+  auto it = kernels().find(type);
+  if (it == kernels().end())
+    throw std::logic_error("layer kind '" + type + "' has no kernels registered (worker/layers.hpp)");
+  return it->second(ctx, index);
 }
 
 Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x) {

@@ -3,7 +3,9 @@
 // backend or comm they run on.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -65,7 +67,14 @@ class Layer {
   int index_;
 };
 
+// Makes the layer at `index` of the plan's model from the kernels registered for its kind.
 std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index);
+
+// The kernels of a layer kind (orchestrator/layer_kind.hpp): the built-in kinds' are in
+// layers.cpp; another kind registers its factory under its type before a run starts.
+// std::logic_error when the type has kernels already. Not thread-safe.
+using LayerFactory = std::function<std::unique_ptr<Layer>(const LayerContext& ctx, int index)>;
+void register_layer_kernels(const std::string& type, LayerFactory factory);
 
 // The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: each
 // activation is freed once the next layer has read it. Returns the owned output.

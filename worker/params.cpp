@@ -15,6 +15,8 @@ ParamStore::ParamStore(const ModelSpec& model, ComputeBackend& backend, Gradient
       r.weight = w.name;
       r.keras_shape = w.keras_shape;
       r.trainable = w.trainable;
+      r.layout = w.layout;
+      r.init = w.init;
       r.count = size_t(w.elements());
       size_t& cursor = w.trainable ? trainable_ : buffer_count_;
       r.offset = cursor;
@@ -45,9 +47,8 @@ void ParamStore::initialize(uint64_t seed) {
   SplitMix64 rng(seed ^ 0x5eed5eed5eedull);
   for (const ParamRef& r : refs_) {
     std::vector<float> host(r.count, 0.0f);
-    if (r.weight == "kernel:0") {
-      // glorot_uniform: limit = sqrt(6 / (fan_in + fan_out)); Keras shapes put
-      // (receptive field..., in, out).
+    if (r.init == WeightInit::GlorotUniform) {
+      // limit = sqrt(6 / (fan_in + fan_out)); Keras shapes put (receptive field..., in, out).
       int64_t receptive = 1;
       for (size_t i = 0; i + 2 < r.keras_shape.size(); ++i) receptive *= r.keras_shape[i];
       const double fan_in = double(r.keras_shape[r.keras_shape.size() - 2] * receptive);
@@ -57,7 +58,7 @@ void ParamStore::initialize(uint64_t seed) {
       from_keras(r, host.data());
       continue;
     }
-    if (r.weight == "gamma:0" || r.weight == "moving_variance:0") std::fill(host.begin(), host.end(), 1.0f);
+    if (r.init == WeightInit::Ones) std::fill(host.begin(), host.end(), 1.0f);
     backend_.from_host(value(r), host.data(), r.count * sizeof(float));
   }
 }
@@ -65,7 +66,7 @@ void ParamStore::initialize(uint64_t seed) {
 namespace {
 
 // Keras conv kernel (kh, kw, cin, cout) <-> OIHW [cout][cin][kh][kw].
-bool is_conv_kernel(const ParamRef& r) { return r.weight == "kernel:0" && r.keras_shape.size() == 4; }
+bool is_conv_kernel(const ParamRef& r) { return r.layout == WeightLayout::ConvKernel; }
 
 // Copies the box [start, start + count) of the row-major array `src` of `shape` to `dst`.
 void copy_box(const float* src, const std::vector<int64_t>& shape, const std::vector<int64_t>& start,

@@ -24,6 +24,8 @@ struct ParamRef {
   std::string weight;  // Keras name: "kernel:0", "moving_mean:0", ...
   std::vector<int64_t> keras_shape;
   bool trainable = true;
+  WeightLayout layout = WeightLayout::Keras;
+  WeightInit init = WeightInit::Zeros;
   size_t offset = 0;  // into values/grads (trainable) or buffers
   size_t count = 0;
 };

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 
+#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
 #include "worker/comm.hpp"
@@ -24,23 +25,16 @@ inline ModelSpec halo_model(int h, int w) {
   c.model.channels = 2;
   c.model.loss = LossType::SigmoidBCE;
   auto conv = [](int filters, int k, int s, int d, Padding p) {
-    LayerConfig l;
-    l.type = LayerType::Conv2D;
-    l.filters = filters;
-    l.kernel = k;
-    l.stride = s;
-    l.dilation = d;
-    l.padding = p;
-    return l;
+    return make_layer_config("conv2d", {{"filters", int64_t(filters)},
+                                        {"kernel", int64_t(k)},
+                                        {"stride", int64_t(s)},
+                                        {"dilation", int64_t(d)},
+                                        {"padding", p}});
   };
   c.model.layers = {conv(2, 3, 1, 1, {PaddingMode::Same, 0}), conv(3, 5, 2, 1, {PaddingMode::Explicit, 1}),
                     conv(3, 3, 1, 2, {PaddingMode::Valid, 0})};
-  LayerConfig pool;
-  pool.type = LayerType::MaxPool2D;
-  pool.pool = 3;
-  pool.stride = 2;
-  pool.padding = {PaddingMode::Same, 0};
-  c.model.layers.push_back(pool);
+  c.model.layers.push_back(make_layer_config(
+      "max_pool2d", {{"pool", int64_t(3)}, {"stride", int64_t(2)}, {"padding", Padding{PaddingMode::Same, 0}}}));
   LayerConfig last = conv(1, 1, 1, 1, {PaddingMode::Valid, 0});
   c.model.layers.push_back(last);
   // The output is smaller than the input: fine for exchange tests, never trained.
@@ -52,11 +46,11 @@ inline ModelSpec halo_model(int h, int w) {
     ls.config = l;
     ls.config.name = fmt::format("layer{}", m.layers.size());
     ls.in = s;
-    const int k = l.type == LayerType::Conv2D ? l.kernel : l.pool;
-    const int d = l.type == LayerType::Conv2D ? l.dilation : 1;
-    ls.rows = make_window(s.h, k, l.stride, d, l.padding);
-    ls.cols = make_window(s.w, k, l.stride, d, l.padding);
-    ls.out = {l.type == LayerType::Conv2D ? l.filters : s.c, ls.rows.out, ls.cols.out};
+    const bool conv_layer = l.type() == "conv2d";
+    const int k = l.integer(conv_layer ? "kernel" : "pool"), d = conv_layer ? l.integer("dilation") : 1;
+    ls.rows = make_window(s.h, k, l.integer("stride"), d, l.padding("padding"));
+    ls.cols = make_window(s.w, k, l.integer("stride"), d, l.padding("padding"));
+    ls.out = {conv_layer ? l.integer("filters") : s.c, ls.rows.out, ls.cols.out};
     s = ls.out;
     m.layers.push_back(ls);
   }

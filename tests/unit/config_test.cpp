@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/layer_kind.hpp"
 
 #include "common/config_support.hpp"
 
@@ -89,29 +90,29 @@ TEST(Config, SpecExampleParses) {
   EXPECT_EQ(c.model.channels, 1);
   ASSERT_EQ(c.model.layers.size(), 6u);
   const auto& L = c.model.layers;
-  EXPECT_EQ(L[0].type, LayerType::Conv2D);
+  EXPECT_EQ(L[0].type(), "conv2d");
   EXPECT_EQ(L[0].name, "conv2d_1");
-  EXPECT_EQ(L[0].filters, 16);
-  EXPECT_EQ(L[0].kernel, 3);
-  EXPECT_EQ(L[0].stride, 1);
-  EXPECT_EQ(L[0].padding.mode, PaddingMode::Same);
-  EXPECT_EQ(L[0].dilation, 1);
-  EXPECT_TRUE(L[0].bias);
+  EXPECT_EQ(L[0].integer("filters"), 16);
+  EXPECT_EQ(L[0].integer("kernel"), 3);
+  EXPECT_EQ(L[0].integer("stride"), 1);
+  EXPECT_EQ(L[0].padding("padding").mode, PaddingMode::Same);
+  EXPECT_EQ(L[0].integer("dilation"), 1);
+  EXPECT_TRUE(L[0].flag("bias"));
   EXPECT_EQ(L[0].line, line_of(kSpecExample, "type: conv2d"));
-  EXPECT_EQ(L[1].type, LayerType::BatchNorm);
+  EXPECT_EQ(L[1].type(), "batch_norm");
   EXPECT_EQ(L[1].name, "batch_normalization_1");
-  EXPECT_DOUBLE_EQ(L[1].momentum, 0.99);
-  EXPECT_DOUBLE_EQ(L[1].epsilon, 0.001);
+  EXPECT_DOUBLE_EQ(L[1].number("momentum"), 0.99);
+  EXPECT_DOUBLE_EQ(L[1].number("epsilon"), 0.001);
   EXPECT_EQ(L[2].name, "activation_1");
-  EXPECT_EQ(L[3].type, LayerType::MaxPool2D);
+  EXPECT_EQ(L[3].type(), "max_pool2d");
   EXPECT_EQ(L[3].name, "max_pooling2d_1");
-  EXPECT_EQ(L[3].pool, 2);
-  EXPECT_EQ(L[3].stride, 2);
-  EXPECT_EQ(L[3].padding.mode, PaddingMode::Valid);
+  EXPECT_EQ(L[3].integer("pool"), 2);
+  EXPECT_EQ(L[3].integer("stride"), 2);
+  EXPECT_EQ(L[3].padding("padding").mode, PaddingMode::Valid);
   EXPECT_EQ(L[4].name, "global_average_pooling2d_1");
-  EXPECT_EQ(L[5].type, LayerType::Dense);
+  EXPECT_EQ(L[5].type(), "dense");
   EXPECT_EQ(L[5].name, "dense_1");
-  EXPECT_EQ(L[5].units, 2);
+  EXPECT_EQ(L[5].integer("units"), 2);
   EXPECT_EQ(L[5].line, line_of(kSpecExample, "type: dense"));
   EXPECT_EQ(c.model.loss, LossType::SoftmaxCrossEntropy);
   EXPECT_EQ(c.training.batch_size, 2);
@@ -158,13 +159,13 @@ TEST(Config, DefaultsFillEverythingOptional) {
   EXPECT_FALSE(c.data.synthesize.has_value());
   EXPECT_EQ(c.model.loss, LossType::SoftmaxCrossEntropy);
   const LayerConfig& conv = c.model.layers[0];
-  EXPECT_EQ(conv.kernel, 1);
-  EXPECT_EQ(conv.stride, 1);
-  EXPECT_EQ(conv.dilation, 1);
-  EXPECT_EQ(conv.padding.mode, PaddingMode::Valid);
-  EXPECT_TRUE(conv.bias);
-  EXPECT_EQ(c.model.layers[2].pool, 2);
-  EXPECT_EQ(c.model.layers[2].stride, 2);  // pools stride by their window
+  EXPECT_EQ(conv.integer("kernel"), 1);
+  EXPECT_EQ(conv.integer("stride"), 1);
+  EXPECT_EQ(conv.integer("dilation"), 1);
+  EXPECT_EQ(conv.padding("padding").mode, PaddingMode::Valid);
+  EXPECT_TRUE(conv.flag("bias"));
+  EXPECT_EQ(c.model.layers[2].integer("pool"), 2);
+  EXPECT_EQ(c.model.layers[2].integer("stride"), 2);  // pools stride by their window
   EXPECT_EQ(c.training.batch_size, 2);
   EXPECT_EQ(c.training.optimizer.type, OptimizerType::Adam);
   EXPECT_DOUBLE_EQ(c.training.optimizer.lr, 1e-4);
@@ -209,8 +210,8 @@ TEST(ConfigOverrides, ApplyBeforeValidation) {
                                  "data.synthesize.count=4", "parallel.device_memory=2GB"});
   EXPECT_EQ(c.parallel.grid_rows, 4);
   EXPECT_EQ(c.parallel.grid_cols, 2);
-  EXPECT_EQ(c.model.layers[0].filters, 8);
-  EXPECT_EQ(c.model.layers[0].kernel, 3);  // the rest of the layer is kept
+  EXPECT_EQ(c.model.layers[0].integer("filters"), 8);
+  EXPECT_EQ(c.model.layers[0].integer("kernel"), 3);  // the rest of the layer is kept
   EXPECT_EQ(c.training.steps, 5);
   EXPECT_EQ(c.slurm.account, "proj");
   ASSERT_EQ(c.model.layers.size(), 7u);
@@ -275,8 +276,6 @@ TEST(Config, Sizes) {
 }
 
 TEST(Config, ToStringSpellings) {
-  EXPECT_STREQ(to_string(LayerType::GlobalAvgPool), "global_avg_pool");
-  EXPECT_STREQ(to_string(LayerType::BatchNorm), "batch_norm");
   EXPECT_STREQ(to_string(PaddingMode::Explicit), "explicit");
   EXPECT_STREQ(to_string(LossType::SigmoidBCE), "sigmoid_bce");
   EXPECT_STREQ(to_string(OptimizerType::SGD), "sgd");
@@ -296,19 +295,9 @@ void expect_same(const Config& a, const Config& b) {
   ASSERT_EQ(a.model.layers.size(), b.model.layers.size());
   for (size_t i = 0; i < a.model.layers.size(); ++i) {
     const LayerConfig &x = a.model.layers[i], &y = b.model.layers[i];
-    EXPECT_EQ(x.type, y.type);
+    EXPECT_EQ(x.type(), y.type());
     EXPECT_EQ(x.name, y.name);
-    EXPECT_EQ(x.filters, y.filters);
-    EXPECT_EQ(x.kernel, y.kernel);
-    EXPECT_EQ(x.stride, y.stride);
-    EXPECT_EQ(x.dilation, y.dilation);
-    EXPECT_EQ(x.padding.mode, y.padding.mode);
-    EXPECT_EQ(x.padding.value, y.padding.value);
-    EXPECT_EQ(x.bias, y.bias);
-    EXPECT_EQ(x.momentum, y.momentum);
-    EXPECT_EQ(x.epsilon, y.epsilon);
-    EXPECT_EQ(x.pool, y.pool);
-    EXPECT_EQ(x.units, y.units);
+    EXPECT_EQ(describe_values(x), describe_values(y));
   }
   EXPECT_EQ(a.model.loss, b.model.loss);
   EXPECT_EQ(a.training.steps, b.training.steps);
@@ -361,7 +350,7 @@ slurm: {account: acct, time: 2-00:00:00, signal: SIGHUP, extra: ["--gres=gpu:4"]
   expect_same(a, b);
   EXPECT_EQ(to_yaml(b), to_yaml(a));
   EXPECT_EQ(b.model.layers[0].name, "true");
-  EXPECT_EQ(b.model.layers[0].padding.value, 2);
+  EXPECT_EQ(b.model.layers[0].padding("padding").value, 2);
   EXPECT_TRUE(b.data.synthesize->masks);
   EXPECT_EQ(b.parallel.device_memory, 1000001u);
 }

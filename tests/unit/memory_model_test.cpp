@@ -8,6 +8,7 @@
 
 #include "orchestrator/activation_plan.hpp"
 #include "orchestrator/config.hpp"
+#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/plan_report.hpp"
@@ -16,24 +17,14 @@
 namespace ht {
 namespace {
 
-LayerConfig layer(LayerType t) {
-  LayerConfig l;
-  l.type = t;
-  return l;
+LayerConfig layer(const std::string& type, const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
+  return make_layer_config(type, values);
 }
 LayerConfig conv(int filters) {
-  LayerConfig l = layer(LayerType::Conv2D);
-  l.filters = filters;
-  l.kernel = 3;
-  l.padding = {PaddingMode::Same, 0};
-  return l;
+  return layer("conv2d", {{"filters", int64_t(filters)}, {"kernel", int64_t(3)}, {"padding", Padding{PaddingMode::Same, 0}}});
 }
-LayerConfig max_pool() {
-  LayerConfig l = layer(LayerType::MaxPool2D);
-  l.pool = 2;
-  l.stride = 2;
-  return l;
-}
+LayerConfig max_pool() { return layer("max_pool2d", {{"pool", int64_t(2)}, {"stride", int64_t(2)}}); }
+LayerConfig dense(int units) { return layer("dense", {{"units", int64_t(units)}}); }
 
 // 64 x 48 x 1 -> conv 8, BN, relu, pool, conv 16, relu, global pool, dense 2.
 Config classifier() {
@@ -43,10 +34,9 @@ Config classifier() {
   c.model.height = 64;
   c.model.width = 48;
   c.model.channels = 1;
-  LayerConfig d = layer(LayerType::Dense);
-  d.units = 2;
-  c.model.layers = {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU), max_pool(), conv(16),
-                    layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  LayerConfig d = dense(2);
+  c.model.layers = {conv(8), layer("batch_norm"), layer("relu"), max_pool(), conv(16),
+                    layer("relu"), layer("global_avg_pool"), d};
   c.model.loss = LossType::SoftmaxCrossEntropy;
   c.training.batch_size = 4;
   c.parallel.device_memory = 1ull << 30;
@@ -100,9 +90,8 @@ TEST(MemoryModel, KeepPeakMatchesAHandCount) {
   Config c = classifier();
   c.model.height = c.model.width = 8;
   LayerConfig k = conv(2);
-  LayerConfig d = layer(LayerType::Dense);
-  d.units = 2;
-  c.model.layers = {k, layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  LayerConfig d = dense(2);
+  c.model.layers = {k, layer("relu"), layer("global_avg_pool"), d};
   c.training.batch_size = 1;
   const ModelSpec m = build_model_spec(c);
   const MemoryEstimate e =
@@ -123,9 +112,8 @@ TEST(MemoryModel, KeepPeakMatchesAHandCount) {
 TEST(MemoryModel, PerLayerSizesMatchAHandCount) {
   Config c = classifier();
   c.model.height = c.model.width = 8;
-  LayerConfig d = layer(LayerType::Dense);
-  d.units = 2;
-  c.model.layers = {conv(2), layer(LayerType::ReLU), layer(LayerType::GlobalAvgPool), d};
+  LayerConfig d = dense(2);
+  c.model.layers = {conv(2), layer("relu"), layer("global_avg_pool"), d};
   c.training.batch_size = 1;
   const ModelSpec m = build_model_spec(c);
   const std::vector<LayerMemory> x =
@@ -173,7 +161,7 @@ TEST(MemoryModel, OffloadAndRecomputeLowerThePeakAndAutoFitsATightBudget) {
   Config c = classifier();
   // A deeper model: two full-resolution blocks before the first pool.
   c.model.layers.insert(c.model.layers.begin(),
-                        {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU)});
+                        {conv(8), layer("batch_norm"), layer("relu")});
   const ModelSpec m = build_model_spec(c);
   const ShardPlan p = make_shard_plan(m, {2, 1});
   const MemoryEstimate keep = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Keep));
@@ -245,7 +233,7 @@ TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
 
 TEST(MemoryModel, PerPixelLossesAddTheMaskTile) {
   Config c = classifier();
-  c.model.layers = {conv(4), layer(LayerType::ReLU), conv(1)};
+  c.model.layers = {conv(4), layer("relu"), conv(1)};
   c.model.loss = LossType::SigmoidBCE;
   const ShardPlan p = make_shard_plan(build_model_spec(c), {2, 2});
   const MemoryEstimate e = estimate_memory(c, p, 3);
@@ -399,7 +387,7 @@ namespace {
 // policy, every grid and both backends.
 TEST(MemoryModel, LowerBoundHoldsForEveryPolicy) {
   Config c = classifier();
-  c.model.layers.insert(c.model.layers.begin(), {conv(8), layer(LayerType::BatchNorm), layer(LayerType::ReLU)});
+  c.model.layers.insert(c.model.layers.begin(), {conv(8), layer("batch_norm"), layer("relu")});
   const ModelSpec m = build_model_spec(c);
   int checked = 0;
   for (Backend backend : {Backend::CPU, Backend::CUDA}) {

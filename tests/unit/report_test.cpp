@@ -8,6 +8,7 @@
 #include <string>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "report/report.hpp"
@@ -99,16 +100,10 @@ TEST(Report, PageEscapesTheTitleAndKeepsTheDataInOneBlock) {
   c.model.height = 16;
   c.model.width = 12;
   c.model.channels = 1;
-  LayerConfig conv;
-  conv.type = LayerType::Conv2D;
-  conv.filters = 2;
-  conv.kernel = 3;
-  conv.padding = {PaddingMode::Same, 0};
-  LayerConfig pool;
-  pool.type = LayerType::GlobalAvgPool;
-  LayerConfig dense;
-  dense.type = LayerType::Dense;
-  dense.units = 2;
+  const LayerConfig conv = make_layer_config(
+      "conv2d", {{"filters", int64_t(2)}, {"kernel", int64_t(3)}, {"padding", Padding{PaddingMode::Same, 0}}});
+  const LayerConfig pool = make_layer_config("global_avg_pool");
+  const LayerConfig dense = make_layer_config("dense", {{"units", int64_t(2)}});
   c.model.layers = {conv, pool, dense};
   const ShardPlan plan = make_shard_plan(build_model_spec(c), {2, 1});
   RunRecord run;

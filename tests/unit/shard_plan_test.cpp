@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
 
@@ -16,33 +17,17 @@ namespace ht {
 namespace {
 
 LayerConfig conv(int filters, int kernel, int stride = 1, int dilation = 1, Padding pad = {PaddingMode::Same, 0}) {
-  LayerConfig l;
-  l.type = LayerType::Conv2D;
-  l.filters = filters;
-  l.kernel = kernel;
-  l.stride = stride;
-  l.dilation = dilation;
-  l.padding = pad;
-  return l;
+  return make_layer_config("conv2d", {{"filters", int64_t(filters)},
+                                      {"kernel", int64_t(kernel)},
+                                      {"stride", int64_t(stride)},
+                                      {"dilation", int64_t(dilation)},
+                                      {"padding", pad}});
 }
-LayerConfig pool(LayerType t, int size, int stride, Padding pad = {}) {
-  LayerConfig l;
-  l.type = t;
-  l.pool = size;
-  l.stride = stride;
-  l.padding = pad;
-  return l;
+LayerConfig pool(const std::string& type, int size, int stride, Padding pad = {}) {
+  return make_layer_config(type, {{"pool", int64_t(size)}, {"stride", int64_t(stride)}, {"padding", pad}});
 }
-LayerConfig simple(LayerType t) {
-  LayerConfig l;
-  l.type = t;
-  return l;
-}
-LayerConfig dense(int units) {
-  LayerConfig l = simple(LayerType::Dense);
-  l.units = units;
-  return l;
-}
+LayerConfig simple(const std::string& type) { return make_layer_config(type); }
+LayerConfig dense(int units) { return make_layer_config("dense", {{"units", int64_t(units)}}); }
 
 // A classifier (global pool + dense + softmax) or, with `fcn`, the same layers before the
 // global pool: build_model_spec insists that a per-pixel output has the input's size, a
@@ -54,7 +39,7 @@ ModelSpec make_model(int h, int w, int c, std::vector<LayerConfig> layers, bool 
   cfg.model.width = w;
   cfg.model.channels = c;
   const int spatial = int(layers.size());
-  layers.push_back(simple(LayerType::GlobalAvgPool));
+  layers.push_back(simple("global_avg_pool"));
   layers.push_back(dense(2));
   cfg.model.layers = layers;
   cfg.model.loss = LossType::SoftmaxCrossEntropy;
@@ -71,7 +56,7 @@ const Window1D& win(const LayerSpec& l, bool rows) { return rows ? l.rows : l.co
 
 int level_of(const ModelSpec& m) {
   for (int l = 0; l < int(m.layers.size()); ++l)
-    if (m.layers[l].config.type == LayerType::GlobalAvgPool) return l;
+    if (m.layers[l].config.type() == "global_avg_pool") return l;
   return int(m.layers.size());
 }
 
@@ -302,24 +287,24 @@ std::vector<LayerConfig> random_layers(std::mt19937& rng, int h, int w) {
       case 1: {
         const int ks[] = {1, 3, 5, 7};
         l = conv(1 + int(rng() % 3), ks[rng() % 4], 1 + int(rng() % 2), 1 + int(rng() % 2));
-        l.padding = random_padding(rng, 3);
+        l.set("padding", random_padding(rng, 3));
         break;
       }
       case 2:
       case 3: {
         const int size = 2 + int(rng() % 2);
-        l = pool(rng() % 2 ? LayerType::MaxPool2D : LayerType::AvgPool2D, size, 1 + int(rng() % size));
-        l.padding = random_padding(rng, size / 2);
+        l = pool(rng() % 2 ? "max_pool2d" : "avg_pool2d", size, 1 + int(rng() % size), random_padding(rng, size / 2));
         break;
       }
-      case 4: l = simple(LayerType::BatchNorm); break;
-      default: l = simple(LayerType::ReLU); break;
+      case 4: l = simple("batch_norm"); break;
+      default: l = simple("relu"); break;
     }
-    if (l.type == LayerType::Conv2D || l.type == LayerType::MaxPool2D || l.type == LayerType::AvgPool2D) {
-      const bool is_conv = l.type == LayerType::Conv2D;
-      const int k = is_conv ? l.kernel : l.pool;
-      const Window1D wr = make_window(h, k, l.stride, is_conv ? l.dilation : 1, l.padding);
-      const Window1D wc = make_window(w, k, l.stride, is_conv ? l.dilation : 1, l.padding);
+    if (l.type() != "batch_norm" && l.type() != "relu") {
+      const bool is_conv = l.type() == "conv2d";
+      const int k = l.integer(is_conv ? "kernel" : "pool"), stride = l.integer("stride");
+      const int dilation = is_conv ? l.integer("dilation") : 1;
+      const Window1D wr = make_window(h, k, stride, dilation, l.padding("padding"));
+      const Window1D wc = make_window(w, k, stride, dilation, l.padding("padding"));
       if (wr.out < 1 || wc.out < 1) continue;
       h = wr.out;
       w = wc.out;
@@ -425,7 +410,7 @@ TEST(ShardPlan, CornersComeThroughTheColsPhase) {
 TEST(ShardPlan, StridedLayersAlignBorders) {
   // conv stride 2 then pool 2: the coarsest map has 4 rows; 2 shards split it [0,2),[2,4),
   // which is [0,4),[4,8) after the pool input and [0,8),[8,16) of the image.
-  const ModelSpec m = make_model(16, 16, 1, {conv(1, 3, 2), pool(LayerType::MaxPool2D, 2, 2)}, false);
+  const ModelSpec m = make_model(16, 16, 1, {conv(1, 3, 2), pool("max_pool2d", 2, 2)}, false);
   const ShardPlan p = make_shard_plan(m, {2, 1});
   EXPECT_EQ(p.layers[1].rows.owned_out, (std::vector<Range>{{0, 2}, {2, 4}}));
   EXPECT_EQ(p.layers[1].rows.owned_in, (std::vector<Range>{{0, 4}, {4, 8}}));
@@ -437,7 +422,7 @@ TEST(ShardPlan, StridedLayersAlignBorders) {
 TEST(ShardPlan, NeededCoversTheOwnedRowsAStridedWindowSkips) {
   // A 2x2/2 pool over 7 rows reads rows [0, 6): the last owned row is in no window, but
   // the extended input (needed) still holds it, and the local output count stays right.
-  const ModelSpec m = make_model(7, 4, 1, {pool(LayerType::MaxPool2D, 2, 2)}, true);
+  const ModelSpec m = make_model(7, 4, 1, {pool("max_pool2d", 2, 2)}, true);
   const ShardPlan one = make_shard_plan(m, {1, 1});
   EXPECT_EQ(one.needed_input(0, 0), one.owned_input(0, 0));
   const ShardPlan two = make_shard_plan(m, {2, 1});
@@ -474,7 +459,7 @@ TEST(ShardPlan, RejectsAShardThinnerThanTheHalo) {
 }
 
 TEST(ShardPlan, RejectsMoreShardsThanRowsAndBadWorlds) {
-  const ModelSpec m = make_model(12, 12, 1, {conv(1, 3), pool(LayerType::MaxPool2D, 2, 2)}, false);
+  const ModelSpec m = make_model(12, 12, 1, {conv(1, 3), pool("max_pool2d", 2, 2)}, false);
   EXPECT_THROW(make_shard_plan(m, {7, 1}), ConfigError);  // the pool output has 6 rows
   EXPECT_NO_THROW(make_shard_plan(m, {6, 1}));
   EXPECT_THROW(make_shard_plan(m, {2, 2}, 6), ConfigError);

@@ -1,0 +1,126 @@
+#include "orchestrator/layer_kind.hpp"
+
+#include <fmt/format.h>
+
+#include <deque>
+
+namespace ht {
+
+std::vector<LayerKind> builtin_layer_kinds();  // layer_kinds.cpp
+
+namespace {
+
+// Kinds live here for the whole process: LayerConfig points at them.
+std::deque<LayerKind>& table() {
+  static std::deque<LayerKind> kinds = [] {
+    std::deque<LayerKind> d;
+    for (LayerKind& k : builtin_layer_kinds()) d.push_back(std::move(k));
+    return d;
+  }();
+  return kinds;
+}
+
+template <class T>
+const T& value_of(const LayerConfig& l, std::string_view key) {
+  const LayerValue* v = l.find(key);
+  if (!v || !std::holds_alternative<T>(*v))
+    throw std::logic_error(fmt::format("layer '{}' ({}) has no {} key '{}'", l.name, l.kind ? l.type() : "?",
+                                       std::is_same_v<T, Padding> ? "padding" : "such", key));
+  return std::get<T>(*v);
+}
+
+std::string value_text(const LayerValue& v) {
+  struct Text {
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const { return fmt::format("{}", d); }
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(const Padding& p) const {
+      return p.mode == PaddingMode::Explicit ? std::to_string(p.value) : to_string(p.mode);
+    }
+  };
+  return std::visit(Text{}, v);
+}
+
+}  // namespace
+
+const std::string& LayerConfig::type() const { return kind->type; }
+
+const LayerValue* LayerConfig::find(std::string_view key) const {
+  for (const auto& [k, v] : values)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+int LayerConfig::integer(std::string_view key) const { return int(value_of<int64_t>(*this, key)); }
+double LayerConfig::number(std::string_view key) const { return value_of<double>(*this, key); }
+bool LayerConfig::flag(std::string_view key) const { return value_of<bool>(*this, key); }
+const Padding& LayerConfig::padding(std::string_view key) const { return value_of<Padding>(*this, key); }
+
+void LayerConfig::set(const std::string& key, LayerValue value) {
+  for (auto& [k, v] : values)
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  values.emplace_back(key, std::move(value));
+}
+
+std::vector<const LayerKind*> layer_kinds() {
+  std::vector<const LayerKind*> all;
+  for (const LayerKind& k : table()) all.push_back(&k);
+  return all;
+}
+
+const LayerKind* find_layer_kind(const std::string& type) {
+  for (const LayerKind& k : table())
+    if (k.type == type) return &k;
+  return nullptr;
+}
+
+const LayerKind& register_layer_kind(LayerKind kind) {
+  if (find_layer_kind(kind.type)) throw std::logic_error("layer kind '" + kind.type + "' is registered twice");
+  if (!kind.shape) throw std::logic_error("layer kind '" + kind.type + "' has no shape function");
+  table().push_back(std::move(kind));
+  return table().back();
+}
+
+LayerConfig make_layer_config(const std::string& type, const std::vector<std::pair<std::string, LayerValue>>& values) {
+  LayerConfig l;
+  l.kind = find_layer_kind(type);
+  if (!l.kind) throw std::logic_error("no layer kind '" + type + "'");
+  for (const auto& [key, value] : values) {
+    bool known = false;
+    for (const LayerKey& k : l.kind->keys) known = known || k.name == key;
+    if (!known) throw std::logic_error(fmt::format("layer kind '{}' has no key '{}'", type, key));
+  }
+  for (const LayerKey& k : l.kind->keys) {
+    LayerValue v;
+    bool given = false;
+    for (const auto& [key, value] : values)
+      if (key == k.name) v = value, given = true;
+    if (!given && k.default_value) v = *k.default_value, given = true;
+    if (!given && !k.default_key.empty() && l.find(k.default_key)) v = *l.find(k.default_key), given = true;
+    if (!given) throw std::logic_error(fmt::format("layer kind '{}': key '{}' is required", type, k.name));
+    l.values.emplace_back(k.name, v);
+  }
+  return l;
+}
+
+std::string describe_values(const LayerConfig& layer) {
+  std::string text;
+  for (const auto& [key, value] : layer.values) text += fmt::format("{}{}={}", text.empty() ? "" : " ", key, value_text(value));
+  return text;
+}
+
+void set_windows(LayerSpec& l, int kernel, int stride, int dilation, const Padding& padding) {
+  l.rows = make_window(l.in.h, kernel, stride, dilation, padding);
+  l.cols = make_window(l.in.w, kernel, stride, dilation, padding);
+  if (l.rows.out < 1 || l.cols.out < 1)
+    throw LayerShapeError(fmt::format(
+        "window {}x{} (dilation {}) with padding {} does not fit its {}x{} input; expected an input of at least {} "
+        "pixels per side",
+        kernel, kernel, dilation, to_string(padding.mode), l.in.h, l.in.w,
+        l.rows.span() - (padding.mode == PaddingMode::Explicit ? 2 * padding.value : 0)));
+}
+
+}  // namespace ht

@@ -1,0 +1,97 @@
+// A layer kind: everything halotrain knows about one type of layer, in one place. Config
+// reading and emitting, the model spec, the model hash, the shard plan, the memory model
+// and the worker's layers read it, so adding a layer is its LayerKind (the built-in ones
+// are in layer_kinds.cpp; others come through register_layer_kind), its kernels
+// (worker/layers.hpp: register_layer_kernels) and its tests.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
+
+namespace ht {
+
+// How one key of a layer is read and checked.
+enum class KeyType {
+  Int,       // an integer >= LayerKey::min
+  Unit,      // a number in [0, 1]
+  Positive,  // a number > 0
+  Bool,
+  Padding,   // an integer >= 0, same or valid (SPEC section 5)
+};
+
+struct LayerKey {
+  std::string name;
+  KeyType type = KeyType::Int;
+  std::optional<LayerValue> default_value;  // none and no default_key: the key is required
+  std::string default_key;                  // the default is this (earlier) key's value
+  int64_t min = 1;                          // KeyType::Int
+};
+
+// Where a layer may sit: on the sharded feature map, on the per-image vector after the
+// global pool (replicated on every shard of a sample group), or on either.
+enum class LayerInput { FeatureMap, Vector, Either };
+
+// What the backward of a windowed layer reads of its halo-extended input.
+enum class WindowUse {
+  None,            // only shapes (average pooling): the forward keeps nothing
+  WeightGradient,  // the weight gradient (convolution); the input gradient needs only dy,
+                   // so the input is freed before the input gradient is made
+  InputGradient,   // the input gradient (max pooling); freed once it is made
+};
+
+// What the worker's layer does with memory and neighbours; the memory model and the
+// shard plan read these, the worker's layers behave by them.
+struct LayerTraits {
+  LayerInput input = LayerInput::Either;
+  bool global_pool = false;  // a feature map in, a vector out, reduced over the sample group
+  bool windowed = false;     // reads a window of its input (LayerSpec rows/cols): halos
+  WindowUse backward_window = WindowUse::None;
+  bool conv_workspace = false;  // CUDA: the cuDNN workspace, and a padded copy of the input
+                                // where a shard's padding is asymmetric
+};
+
+// A model that does not work at one layer: the message without the layer's location,
+// which build_model_spec adds.
+class LayerShapeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LayerKind {
+  std::string type;          // the YAML spelling: "conv2d"
+  std::string keras_class;   // Keras 2's class: "Conv2D"
+  std::string keras_prefix;  // default names: conv2d_1, conv2d_2, ...
+  std::vector<LayerKey> keys;  // besides `type` and `name`, in the order they are emitted
+  LayerTraits traits;
+  // Fills `layer.out`, `rows`/`cols` (windowed kinds), `weights` and `flops_per_image`
+  // from `layer.config`, `layer.in` and `layer.spatial` (whether the input is a feature
+  // map); throws LayerShapeError when the input does not suit the layer.
+  std::function<void(LayerSpec& layer)> shape;
+};
+
+// Every kind, the built-in ones first, in the order they were registered.
+std::vector<const LayerKind*> layer_kinds();
+const LayerKind* find_layer_kind(const std::string& type);  // nullptr when there is none
+// Adds a kind; std::logic_error when its type is taken. Not thread-safe: register before
+// anything reads the table.
+const LayerKind& register_layer_kind(LayerKind kind);
+
+// A layer of `type` with the given values and every other key at its default (code and
+// tests; configs are read by load_config). std::logic_error on an unknown type or key or a
+// required key left out.
+LayerConfig make_layer_config(const std::string& type, const std::vector<std::pair<std::string, LayerValue>>& values = {});
+
+// "filters=16 kernel=3 stride=1 padding=same ..." : every key and value (the model hash).
+std::string describe_values(const LayerConfig& layer);
+
+// Window geometry for the window kinds (make_window along both axes); throws
+// LayerShapeError when the window does not fit the input.
+void set_windows(LayerSpec& layer, int kernel, int stride, int dilation, const Padding& padding);
+
+}  // namespace ht

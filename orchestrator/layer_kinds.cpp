@@ -1,0 +1,133 @@
+// The built-in layer kinds (SPEC section 4): keys, names, traits, shapes, weights, flops.
+// Their kernels are in worker/layers.cpp.
+#include <fmt/format.h>
+
+#include "orchestrator/layer_kind.hpp"
+
+namespace ht {
+
+namespace {
+
+LayerKey required_int(const char* name) { return {name, KeyType::Int, std::nullopt, "", 1}; }
+LayerKey with_default(const char* name, KeyType type, LayerValue def) { return {name, type, def, "", 1}; }
+const Padding kValid{PaddingMode::Valid, 0};
+
+void require_feature_map(const LayerSpec& l) {
+  if (!l.spatial) throw LayerShapeError("needs a spatial input, but it comes after the global pool");
+}
+
+LayerKind conv2d() {
+  LayerKind k{"conv2d", "Conv2D", "conv2d", {}, {}, {}};
+  k.keys = {required_int("filters"),
+            with_default("kernel", KeyType::Int, int64_t(1)),
+            with_default("stride", KeyType::Int, int64_t(1)),
+            with_default("padding", KeyType::Padding, kValid),
+            with_default("dilation", KeyType::Int, int64_t(1)),
+            with_default("bias", KeyType::Bool, true)};
+  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.shape = [](LayerSpec& l) {
+    const LayerConfig& c = l.config;
+    require_feature_map(l);
+    const int kernel = c.integer("kernel"), cout = c.integer("filters");
+    set_windows(l, kernel, c.integer("stride"), c.integer("dilation"), c.padding("padding"));
+    l.out = {cout, l.rows.out, l.cols.out};
+    l.weights.push_back({"kernel:0", {kernel, kernel, l.in.c, cout}, true, WeightLayout::ConvKernel,
+                         WeightInit::GlorotUniform});
+    if (c.flag("bias")) l.weights.push_back({"bias:0", {cout}, true, WeightLayout::Keras, WeightInit::Zeros});
+    l.flops_per_image = 2ll * kernel * kernel * l.in.c * cout * l.out.h * l.out.w;
+  };
+  return k;
+}
+
+LayerKind pool2d(const char* type, const char* keras_class, const char* keras_prefix, WindowUse backward) {
+  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
+  k.keys = {with_default("pool", KeyType::Int, int64_t(2)), {"stride", KeyType::Int, std::nullopt, "pool", 1},
+            with_default("padding", KeyType::Padding, kValid)};
+  k.traits = {LayerInput::FeatureMap, false, true, backward, false};
+  k.shape = [](LayerSpec& l) {
+    const LayerConfig& c = l.config;
+    require_feature_map(l);
+    const int pool = c.integer("pool");
+    const Padding& padding = c.padding("padding");
+    set_windows(l, pool, c.integer("stride"), 1, padding);
+    if (padding.mode == PaddingMode::Explicit && padding.value >= l.rows.span())
+      throw LayerShapeError(fmt::format("padding {} must be smaller than the pool window {}", padding.value, pool));
+    l.out = {l.in.c, l.rows.out, l.cols.out};
+    l.flops_per_image = int64_t(pool) * pool * l.out.elements();
+  };
+  return k;
+}
+
+LayerKind batch_norm() {
+  LayerKind k{"batch_norm", "BatchNormalization", "batch_normalization", {}, {}, {}};
+  k.keys = {with_default("momentum", KeyType::Unit, 0.99), with_default("epsilon", KeyType::Positive, 1e-3)};
+  k.traits.input = LayerInput::FeatureMap;
+  k.shape = [](LayerSpec& l) {
+    if (!l.spatial)
+      throw LayerShapeError("batch_norm after the global pool is not supported; put it before global_avg_pool");
+    const int64_t c = l.in.c;
+    l.out = l.in;
+    l.weights = {{"gamma:0", {c}, true, WeightLayout::Keras, WeightInit::Ones},
+                 {"beta:0", {c}, true, WeightLayout::Keras, WeightInit::Zeros},
+                 {"moving_mean:0", {c}, false, WeightLayout::Keras, WeightInit::Zeros},
+                 {"moving_variance:0", {c}, false, WeightLayout::Keras, WeightInit::Ones}};
+    l.flops_per_image = 8 * l.in.elements();
+  };
+  return k;
+}
+
+LayerKind relu() {
+  LayerKind k{"relu", "Activation", "activation", {}, {}, {}};
+  k.shape = [](LayerSpec& l) {
+    l.out = l.in;
+    l.flops_per_image = l.in.elements();
+  };
+  return k;
+}
+
+LayerKind global_avg_pool() {
+  LayerKind k{"global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d", {}, {}, {}};
+  k.traits.input = LayerInput::FeatureMap;
+  k.traits.global_pool = true;
+  k.shape = [](LayerSpec& l) {
+    if (!l.spatial) throw LayerShapeError("a second global_avg_pool has no spatial input");
+    l.out = {l.in.c, 1, 1};
+    l.flops_per_image = l.in.elements();
+  };
+  return k;
+}
+
+LayerKind dense() {
+  LayerKind k{"dense", "Dense", "dense", {}, {}, {}};
+  k.keys = {required_int("units"), with_default("bias", KeyType::Bool, true)};
+  k.traits.input = LayerInput::Vector;
+  k.shape = [](LayerSpec& l) {
+    const LayerConfig& c = l.config;
+    if (l.spatial)
+      throw LayerShapeError(
+          fmt::format("dense needs a vector input; put a global_avg_pool before it (found a {}x{}x{} feature map)",
+                      l.in.h, l.in.w, l.in.c));
+    const int units = c.integer("units");
+    l.out = {units, 1, 1};
+    l.weights.push_back({"kernel:0", {l.in.c, units}, true, WeightLayout::Keras, WeightInit::GlorotUniform});
+    if (c.flag("bias")) l.weights.push_back({"bias:0", {units}, true, WeightLayout::Keras, WeightInit::Zeros});
+    l.flops_per_image = 2ll * l.in.c * units;
+  };
+  return k;
+}
+
+}  // namespace
+
+std::vector<LayerKind> builtin_layer_kinds() {
+  std::vector<LayerKind> kinds;
+  kinds.push_back(conv2d());
+  kinds.push_back(batch_norm());
+  kinds.push_back(relu());
+  kinds.push_back(pool2d("max_pool2d", "MaxPooling2D", "max_pooling2d", WindowUse::InputGradient));
+  kinds.push_back(pool2d("avg_pool2d", "AveragePooling2D", "average_pooling2d", WindowUse::None));
+  kinds.push_back(global_avg_pool());
+  kinds.push_back(dense());
+  return kinds;
+}
+
+}  // namespace ht
