@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <iterator>
 
-#include "orchestrator/activation_plan.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 namespace ht {
@@ -34,71 +33,12 @@ uint64_t fixed_bytes(const Config& config, const ModelSpec& m, uint64_t* params,
 
 const HaloPhase kPhases[2] = {HaloPhase::Rows, HaloPhase::Cols};
 
-struct SearchResult {
-  std::optional<GridShape> best;
-  bool planned_any = false;
-  uint64_t min_total = 0;  // smallest max-over-ranks peak among grids that planned
-  GridShape min_grid;
-  uint64_t fixed = 0;  // params + grads + optimizer: no grid shrinks them
-};
-
-SearchResult search(const Config& config, const ModelSpec& model, int groups, int max_shards) {
-  SearchResult res;
-  uint64_t p, g, o;
-  res.fixed = fixed_bytes(config, model, &p, &g, &o);
-  if (res.fixed > config.parallel.device_memory) return res;  // replicated state alone is too big
-  groups = std::max(groups, 1);
-  const int max_r = max_grid_rows(model), max_c = max_grid_cols(model);
-  // A lower bound on the busiest rank of any S-shard grid, under any policy: when layer
-  // l >= 1 makes its input gradient, its input and output are on the device (restored
-  // for its backward), with the output gradient and the new input gradient, beside the
-  // image tile and targets. Owned tiles partition the image, so some rank holds at least
-  // 1/S of the whole image's sizes.
-  const ModelSpec& m = model;
-  const int b = std::max(1, (config.training.batch_size / config.training.accumulate + groups - 1) / groups);
-  const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * uint64_t(b) * kFloat; };
-  uint64_t scaled = 0;
-  for (int l = 1; l < m.spatial_layers; ++l)
-    scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
-  const uint64_t workspace = cudnn_workspace_bytes(config, model);
-  for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
-    if (res.fixed + workspace + scaled / uint64_t(s) > config.parallel.device_memory) continue;
-    std::optional<GridShape> best;
-    uint64_t best_halo = 0;
-    // Rows descending: on equal halo bytes the first (more rows) wins.
-    for (int r = s; r >= 1; --r) {
-      if (s % r != 0) continue;
-      const int c = s / r;
-      if (r > max_r || c > max_c) continue;  // would throw; its message search is not free
-      ShardPlan plan;
-      try {
-        plan = make_shard_plan(model, {r, c}, s * groups);
-      } catch (const ConfigError&) {
-        continue;
-      }
-      const LayerPolicies policies = activation_policies(config, plan);
-      const uint64_t total = estimate_memory_max(config, plan, policies).total;
-      if (!res.planned_any || total < res.min_total) {
-        res.min_total = total;
-        res.min_grid = {r, c};
-      }
-      res.planned_any = true;
-      if (total > config.parallel.device_memory) continue;
-      const uint64_t halo = halo_traffic_total(config, plan, policies).total();
-      if (!best || halo < best_halo) {
-        best = GridShape{r, c};
-        best_halo = halo;
-      }
-    }
-    if (best) {
-      res.best = best;
-      return res;
-    }
-  }
-  return res;
-}
-
 }  // namespace
+
+uint64_t replicated_bytes(const Config& config, const ModelSpec& model) {
+  uint64_t p, g, o;
+  return fixed_bytes(config, model, &p, &g, &o);
+}
 
 uint64_t tile_bytes(const Rect& rect, int channels, int batch) {
   return uint64_t(rect.area()) * uint64_t(channels) * uint64_t(batch) * kFloat;
@@ -115,10 +55,12 @@ bool backward_reads_window(const LayerSpec& layer, int index) {
   return layer.windowed() && (use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && index > 0));
 }
 
-int local_batch(const Config& config, const ShardPlan& plan) {
-  const int groups = std::max(plan.groups, 1);
+int local_batch(const Config& config, int groups) {
+  groups = std::max(groups, 1);
   return std::max(1, (config.training.batch_size / config.training.accumulate + groups - 1) / groups);
 }
+
+int local_batch(const Config& config, const ShardPlan& plan) { return local_batch(config, plan.groups); }
 
 
 int node_of(const Config& config, int rank) { return rank / std::max(config.parallel.devices_per_node, 1); }
@@ -144,15 +86,6 @@ bool policy_applies(const ModelSpec& model, int layer) {
   // The last layer's output goes straight to the loss; the vector layers are tiny.
   return layer + 1 < int(model.layers.size()) && model.layers[layer].spatial;
 }
-
-namespace {
-
-uint64_t round_like_device_scratch(uint64_t bytes) {
-  const uint64_t unit = bytes < (uint64_t(1) << 20) ? 4096 : uint64_t(1) << 20;
-  return (bytes + unit - 1) / unit * unit;
-}
-
-}  // namespace
 
 StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan& plan, int rank) {
   const ModelSpec& m = plan.model;
@@ -181,7 +114,7 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
       const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
       const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
       if (spec.kind().traits.conv_workspace && (extra_h || extra_w))
-        z.padded = round_like_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
+        z.padded = round_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
                                              uint64_t(need.cols.size() + extra_w) * kFloat);
     }
     r.layers.push_back(z);
@@ -197,10 +130,11 @@ bool keeps_extended_input(const LayerSpec& layer, const StepMemory::LayerSizes& 
          layer.kind().traits.backward_window != WindowUse::None;
 }
 
-// One step of one rank, replayed allocation by allocation. The order of every alloc and
-// free below is the worker's (worker/trainer.cpp, worker/layers.cpp,
-// worker/halo_exchange.cpp); a change there must be mirrored here (memory tests compare
-// the two on real runs).
+// One step of one rank, replayed allocation by allocation. What differs between layer
+// kinds comes from their LayerTraits, which the worker's layers follow too; the order of
+// the step (worker/trainer.cpp, the windowed and pointwise layers of worker/layers.cpp,
+// worker/halo_exchange.cpp) is the worker's, and the memory tests compare the two on real
+// runs to the byte.
 class StepReplay {
  public:
   enum Kind { kParams, kGrads, kOptimizer, kInput, kActivations, kTransient, kWorkspace, kHalo, kKinds };
@@ -448,14 +382,6 @@ MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, 
   return StepMemory(config, plan).estimate_max(policies);
 }
 
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank) {
-  return estimate_memory(config, plan, rank, activation_policies(config, plan));
-}
-
-MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan) {
-  return estimate_memory_max(config, plan, activation_policies(config, plan));
-}
-
 std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& plan, int rank,
                                       const LayerPolicies& policies) {
   const ModelSpec& m = plan.model;
@@ -510,10 +436,6 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
   return t;
 }
 
-HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank) {
-  return halo_traffic(config, plan, rank, activation_policies(config, plan));
-}
-
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
   HaloTraffic sum;
   for (int r = 0; r < plan.world(); ++r) {
@@ -522,38 +444,6 @@ HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan, cons
     sum.inter_node += t.inter_node;
   }
   return sum;
-}
-
-HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {
-  return halo_traffic_total(config, plan, activation_policies(config, plan));
-}
-
-bool plan_fits(const Config& config, const ShardPlan& plan) {
-  return estimate_memory_max(config, plan).total <= config.parallel.device_memory;
-}
-
-std::optional<GridShape> smallest_fitting_grid(const Config& config, const ModelSpec& model, int groups,
-                                               int max_shards) {
-  return search(config, model, groups, max_shards).best;
-}
-
-GridShape choose_grid(const Config& config, const ModelSpec& model, int groups) {
-  const SearchResult res = search(config, model, groups, kMaxAutoShards);
-  if (res.best) return *res.best;
-  const uint64_t budget = config.parallel.device_memory;
-  if (res.fixed > budget)
-    throw ConfigError(fmt::format(
-        "parallel.grid: auto: no grid fits parallel.device_memory {}: the weights, gradients and "
-        "optimizer state alone need {} per device, and sharding does not split them",
-        format_size(budget), format_size(res.fixed)));
-  if (!res.planned_any)
-    throw ConfigError(fmt::format("parallel.grid: auto: no grid up to {} shards can split the model",
-                                  kMaxAutoShards));
-  throw ConfigError(fmt::format(
-      "parallel.grid: auto: no grid up to {} shards fits parallel.device_memory {}; the smallest "
-      "per-device need found is {} with grid [{}, {}]",
-      kMaxAutoShards, format_size(budget), format_size(res.min_total), res.min_grid.rows,
-      res.min_grid.cols));
 }
 
 }  // namespace ht

@@ -14,14 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device_memory.hpp"
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
 
 namespace ht {
-
-// The most shards `grid: auto` and the "smallest grid that fits" search consider.
-constexpr int kMaxAutoShards = 256;
 
 // Per layer: what happens to the activations saved for its backward (its output, and the
 // halo-extended input of a windowed layer) between forward and backward. Keep, Offload or
@@ -34,11 +32,11 @@ LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy);
 // Layers whose policy may be other than Keep.
 bool policy_applies(const ModelSpec& model, int layer);
 
-// The CUDA backend's cuDNN workspace: shared by every convolution of a backend, at most
-// this large (it is the largest any algorithm chosen under the limit asked for).
-constexpr uint64_t kConvWorkspaceLimit = uint64_t(256) << 20;
-// kConvWorkspaceLimit when the backend is CUDA and the model has a convolution, else 0.
+// kConvWorkspaceLimit (kernels/device_memory.hpp) when the backend is CUDA and the model has a convolution, else 0.
 uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model);
+
+// The weights, their gradients and the optimizer state: every rank holds all of them.
+uint64_t replicated_bytes(const Config& config, const ModelSpec& model);
 
 // float32 bytes of `rect` for `channels` planes of `batch` images.
 uint64_t tile_bytes(const Rect& rect, int channels, int batch);
@@ -85,6 +83,7 @@ struct HaloTraffic {
 
 // Images per (micro-)batch on one rank: batch_size / accumulate / groups, rounded up.
 int local_batch(const Config& config, const ShardPlan& plan);
+int local_batch(const Config& config, int groups);
 
 // Prediction moves each output tile to rank 0 in bands of rows of at most this many bytes
 // (at least one row).
@@ -143,10 +142,6 @@ class StepMemory {
   std::vector<RankSizes> ranks_;
 };
 
-// The same under the policies the plan chooses (activation_policies(), activation_plan.hpp).
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank);
-MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);
-
 // Per layer of `rank`, under `policies`.
 std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& plan, int rank,
                                       const LayerPolicies& policies);
@@ -154,20 +149,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
 // Windowed layers that do not keep their extended input gather it again for backward:
 // their forward halo moves twice.
 HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies);
-HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank);  // chosen policies
-HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan);     // summed over ranks
+// Summed over ranks.
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
-
-// Every rank's predicted peak is within parallel.device_memory.
-bool plan_fits(const Config& config, const ShardPlan& plan);
-
-// The grid for `parallel.grid: auto`: the fewest shards that plan and fit device_memory;
-// among equal shard counts fewer halo bytes, then more rows than cols. `groups` sample
-// groups share the batch. Throws ConfigError when no grid up to kMaxAutoShards fits.
-GridShape choose_grid(const Config& config, const ModelSpec& model, int groups = 1);
-
-// The same search, without throwing: nullopt when no grid up to `max_shards` fits.
-std::optional<GridShape> smallest_fitting_grid(const Config& config, const ModelSpec& model,
-                                               int groups = 1, int max_shards = kMaxAutoShards);
 
 }  // namespace ht

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "orchestrator/activation_plan.hpp"
 
 namespace ht {
 
@@ -37,21 +36,6 @@ std::string window_text(const LayerSpec& l) {
 
 int nodes_used(const Config& config, const ShardPlan& plan) { return node_of(config, plan.world() - 1) + 1; }
 
-// Every rank's estimate, computed once for both renderers.
-std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan,
-                                          const LayerPolicies& policies) {
-  std::vector<MemoryEstimate> v;
-  for (int r = 0; r < plan.world(); ++r) {
-    if (r < plan.shards()) {
-      v.push_back(estimate_memory(config, plan, r, policies));
-    } else {  // sample groups are copies of group 0
-      v.push_back(v[plan.shard_of(r)]);
-      v.back().rank = r;
-    }
-  }
-  return v;
-}
-
 // "conv2d_1, batch_normalization_1" for the layers with policy p, or "none".
 std::string layers_with(const ModelSpec& m, const LayerPolicies& policies, ActivationPolicy p) {
   std::string out;
@@ -82,43 +66,6 @@ HaloWidths halo_widths(const ShardPlan& plan, int layer) {
   widths(l.rows, &h.rows_above, &h.rows_below);
   widths(l.cols, &h.cols_left, &h.cols_right);
   return h;
-}
-
-std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
-  const MemoryEstimate e = estimate_memory_max(config, plan, activation_policies(config, plan));
-  const uint64_t budget = config.parallel.device_memory;
-  if (e.total <= budget) return "";
-  std::string msg = fmt::format(
-      "{}: parallel.grid [{}, {}] does not fit: rank {} needs {} per device (params {}, grads {}, "
-      "optimizer {}, activations {}, transient {}, halo {}, input {}) but parallel.device_memory is {}{}; ",
-      config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols, e.rank,
-      format_size(e.total), format_size(e.params), format_size(e.grads), format_size(e.optimizer),
-      format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
-      format_size(budget),
-      config.parallel.activations == ActivationPolicy::Auto
-          ? " (parallel.activations: auto found no mix of keep, offload and recompute that fits)"
-          : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));
-  // Micro-batches shrink the activations without another device.
-  const int per_group = config.training.batch_size / std::max(plan.groups, 1);
-  for (int k = config.training.accumulate + 1; k <= per_group; ++k) {
-    if (per_group % k != 0) continue;
-    Config micro = config;
-    micro.training.accumulate = k;
-    if (estimate_memory_max(micro, plan, activation_policies(micro, plan)).total <= budget) {
-      msg += fmt::format("training.accumulate: {} fits on this grid (micro-batches of {} image{} per group); or ", k,
-                         per_group / k, per_group / k == 1 ? "" : "s");
-      break;
-    }
-  }
-  if (const auto g = smallest_fitting_grid(config, model, plan.groups))
-    return msg + fmt::format("smallest grid that fits: [{}, {}] (set parallel.grid: [{}, {}] or auto)",
-                             g->rows, g->cols, g->rows, g->cols);
-  if (e.params + e.grads + e.optimizer > budget)
-    return msg + fmt::format(
-                     "no grid fits: the weights, gradients and optimizer state alone need {} per "
-                     "device and are not sharded",
-                     format_size(e.params + e.grads + e.optimizer));
-  return msg + fmt::format("no grid up to {} shards fits", kMaxAutoShards);
 }
 
 std::string predict_fit_verdict(const Config& config, const ShardPlan& plan) {
@@ -171,11 +118,12 @@ std::string render_predict_plan(const Config& config, const ShardPlan& plan, boo
   return s;
 }
 
-std::string render_plan_text(const Config& config, const ShardPlan& plan) {
+std::string render_plan_text(const Config& config, const Plan& job) {
+  const ShardPlan& plan = job.shards;
   const ModelSpec& m = plan.model;
   const uint64_t budget = config.parallel.device_memory;
-  const LayerPolicies policies = activation_policies(config, plan);
-  const std::vector<MemoryEstimate> est = all_estimates(config, plan, policies);
+  const LayerPolicies& policies = job.policies;
+  const std::vector<MemoryEstimate>& est = job.ranks;
   std::string s;
   auto line = [&s](const std::string& t) { s += t + "\n"; };
 
@@ -187,7 +135,7 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
                    plan.world() == 1 ? "" : "s", nodes_used(config, plan),
                    nodes_used(config, plan) == 1 ? "" : "s", config.parallel.devices_per_node));
   line(fmt::format("image {} x {} x {} (H x W x C), batch {} ({} per group), backend {}", m.input.h,
-                   m.input.w, m.input.c, config.training.batch_size, local_batch(config, plan),
+                   m.input.w, m.input.c, config.training.batch_size, job.local_batch,
                    to_string(config.parallel.backend)));
   line("");
 
@@ -247,7 +195,7 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
   line("");
 
   const DeviceCostModel device = cost_model_for(config);
-  const StepTime st = predict_step_time(config, plan, policies, device);
+  const StepTime& st = job.step_time;
   line(fmt::format("predicted step time on one {} per rank: {}", device.name, seconds_text(st.total())));
   line(fmt::format("  compute {}, recompute {}, halo {}, all-reduce {}, offload traffic {}{} (at the peak rates: "
                    "{:.2f} TFLOP/s, {:.0f} GB/s memory, {:.0f} GB/s host link shared by {})",
@@ -260,25 +208,23 @@ std::string render_plan_text(const Config& config, const ShardPlan& plan) {
   const HaloTraffic t = halo_traffic_total(config, plan, policies);
   line(fmt::format("halo bytes per step (forward + backward, all ranks): intra-node {}, inter-node {}",
                    format_size(t.intra_node), format_size(t.inter_node)));
-  const auto worst = std::max_element(est.begin(), est.end(),
-                                      [](const auto& a, const auto& b) { return a.total < b.total; });
-  const std::string verdict = fit_verdict(config, m, plan);
-  if (verdict.empty())
-    line(fmt::format("FITS: peak {} of {} per device (rank {})", format_size(worst->total),
-                     format_size(budget), worst->rank));
+  if (job.fits())
+    line(fmt::format("FITS: peak {} of {} per device (rank {})", format_size(job.busiest.total),
+                     format_size(budget), job.busiest.rank));
   else
-    line("DOES NOT FIT: " + verdict);
+    line("DOES NOT FIT: " + job.verdict);
   return s;
 }
 
-std::string render_plan_json(const Config& config, const ShardPlan& plan) {
+std::string render_plan_json(const Config& config, const Plan& job) {
+  const ShardPlan& plan = job.shards;
   const ModelSpec& m = plan.model;
   const uint64_t budget = config.parallel.device_memory;
-  const LayerPolicies policies = activation_policies(config, plan);
-  const std::vector<MemoryEstimate> est = all_estimates(config, plan, policies);
-  const std::string verdict = fit_verdict(config, m, plan);
+  const LayerPolicies& policies = job.policies;
+  const std::vector<MemoryEstimate>& est = job.ranks;
+  const std::string& verdict = job.verdict;
   const DeviceCostModel device = cost_model_for(config);
-  const StepTime st = predict_step_time(config, plan, policies, device);
+  const StepTime& st = job.step_time;
   std::string s = "{\n";
   s += fmt::format("  \"name\": {},\n  \"config\": {},\n", json_string(config.name),
                    json_string(config.source_path));
@@ -289,7 +235,7 @@ std::string render_plan_json(const Config& config, const ShardPlan& plan) {
   s += fmt::format("  \"image\": {{\"height\": {}, \"width\": {}, \"channels\": {}}},\n", m.input.h, m.input.w,
                    m.input.c);
   s += fmt::format("  \"batch_size\": {},\n  \"local_batch\": {},\n  \"backend\": {},\n",
-                   config.training.batch_size, local_batch(config, plan),
+                   config.training.batch_size, job.local_batch,
                    json_string(to_string(config.parallel.backend)));
   s += fmt::format("  \"device_memory\": {},\n", budget);
 

@@ -5,8 +5,9 @@
 #include <string>
 
 #include "orchestrator/config.hpp"
-#include "orchestrator/memory_model.hpp"  // plan_fits, estimate_memory, choose_grid
+#include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 
 namespace ht {
@@ -18,14 +19,9 @@ struct HaloWidths {
 };
 HaloWidths halo_widths(const ShardPlan& plan, int layer);
 
-std::string render_plan_text(const Config& config, const ShardPlan& plan);
+std::string render_plan_text(const Config& config, const Plan& plan);
 // The same content as one JSON object (per rank a `peak_device_bytes`), newline-terminated.
-std::string render_plan_json(const Config& config, const ShardPlan& plan);
-
-// "" when every rank fits parallel.device_memory; otherwise one message naming the
-// per-device need against the budget and the smallest grid that fits (or that none up to
-// kMaxAutoShards shards does).
-std::string fit_verdict(const Config& config, const ModelSpec& model, const ShardPlan& plan);
+std::string render_plan_json(const Config& config, const Plan& plan);
 
 // `plan --mode predict`: the inference peak per rank (estimate_inference_memory) against
 // the budget, as text or JSON; and its verdict ("" when every rank fits).

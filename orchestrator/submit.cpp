@@ -34,14 +34,14 @@ int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& er
   namespace fs = std::filesystem;
   const Config config = load_config(command.config_path, command.sets);
   const ModelSpec model = build_model_spec(config);
-  GridShape grid{config.parallel.grid_rows, config.parallel.grid_cols};
-  if (config.parallel.grid_auto) grid = choose_grid(config, model);
+  const GridShape grid = plan_grid(config, model);
   check_allocation(config, grid);
   const int ranks = config.slurm.nodes * config.parallel.devices_per_node;
-  const ShardPlan plan = make_shard_plan(model, grid, ranks);
+  const Plan job = make_plan(config, make_shard_plan(model, grid, ranks));
+  const ShardPlan& plan = job.shards;
   // Queue time is too dear to spend on a job that cannot fit its devices.
-  if (const std::string verdict = fit_verdict(config, model, plan); !verdict.empty()) {
-    err << "halotrain submit: " << verdict << "\n";
+  if (!job.fits()) {
+    err << "halotrain submit: " << job.verdict << "\n";
     return 1;
   }
   if (!command.dry_run && !find_on_path("sbatch")) {

@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "orchestrator/activation_plan.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/plan_report.hpp"
 
@@ -144,11 +143,11 @@ std::string valid_utf8(const std::string& text) {
   return out;
 }
 
-json plan_part(const Config& config, const ShardPlan& plan) {
-  json part = json::parse(valid_utf8(render_plan_json(config, plan)));
-  const LayerPolicies policies = activation_policies(config, plan);
-  const int busiest = estimate_memory_max(config, plan, policies).rank;
-  const std::vector<LayerMemory> per_layer = layer_memory(config, plan, busiest, policies);
+json plan_part(const Config& config, const Plan& job) {
+  json part = json::parse(valid_utf8(render_plan_json(config, job)));
+  const ShardPlan& plan = job.shards;
+  const LayerPolicies& policies = job.policies;
+  const std::vector<LayerMemory> per_layer = layer_memory(config, plan, job.busiest.rank, policies);
   json layers = json::array();
   for (size_t l = 0; l < per_layer.size(); ++l) {
     const LayerMemory& x = per_layer[l];
@@ -163,7 +162,7 @@ json plan_part(const Config& config, const ShardPlan& plan) {
                       {"halo", x.halo},
                       {"transient", x.transient}});
   }
-  part["layer_memory"] = {{"rank", busiest}, {"layers", layers}};
+  part["layer_memory"] = {{"rank", job.busiest.rank}, {"layers", layers}};
 
   json tiles = json::array(), windowed = json::array();
   for (int r = 0; r < plan.shards(); ++r)
@@ -290,7 +289,7 @@ RunInfo parse_run_info(const std::string& text, const std::string& path) {
   }
 }
 
-std::string render_report_html(const Config& config, const ShardPlan& plan, const RunRecord* run,
+std::string render_report_html(const Config& config, const Plan& plan, const RunRecord* run,
                                const Thumbnail& image) {
   const auto now = std::chrono::system_clock::now();
   json doc = {{"kind", run ? "run" : "plan"},

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 
 namespace ht {
@@ -76,7 +77,7 @@ std::string run_info_json(const RunInfo& info);
 RunInfo parse_run_info(const std::string& text, const std::string& path);
 
 // The whole page. `run` null: the plan part alone (`halotrain plan --html`).
-std::string render_report_html(const Config& config, const ShardPlan& plan, const RunRecord* run,
+std::string render_report_html(const Config& config, const Plan& plan, const RunRecord* run,
                                const Thumbnail& image);
 
 }  // namespace ht

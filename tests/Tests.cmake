@@ -47,9 +47,14 @@ add_test(NAME mpi_kill_one_rank
                  ${CMAKE_BINARY_DIR}/kill-rank)
 set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)
 
+# The halotrain CLI with the test tree's layer kinds (tests/common/test_layers.cpp) added
+# through the registry: `test_leak` leaks host memory per step, as a leaking library would.
+add_executable(halotrain_test_layers ${PROJECT_SOURCE_DIR}/cli/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/common/test_layers.cpp)
+target_link_libraries(halotrain_test_layers PRIVATE halotrain_worker halotrain_orchestrator)
+
 # Checkpoint exactness, recycling and robustness through the real binary.
 ht_script_test(checkpoint_resume_recycle "checkpoint" 600 checkpoint/resume_test.py
-               ${CMAKE_BINARY_DIR}/resume-test)
+               ${CMAKE_BINARY_DIR}/resume-test $<TARGET_FILE:halotrain_test_layers>)
 
 # Slurm end to end on a real single-node cluster (slurm/local-cluster: root, slurm-wlm,
 # munge; skipped without them). One cluster at a time, hence the lock. The render and

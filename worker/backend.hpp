@@ -62,11 +62,13 @@ class ComputeBackend {
   virtual void add_scaled(float* dst, const float* src, float alpha, size_t count) = 0;  // dst += alpha*src
   virtual void scale(float* dst, float factor, size_t count) = 0;
   // Rectangles of all n*c planes of an NCHW tensor [n, c, h, w] <-> a packed buffer
-  // [n, c, rows, cols]: halo packing.
+  // [n, c, rows, cols]: halo packing. Unpacking writes (forward halos) or adds (their
+  // gradients, backward).
   virtual void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
                          int cols, float* dst) = 0;
+  enum class Unpack { Overwrite, Accumulate };
   virtual void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
-                           int cols, float* dst, bool accumulate) = 0;
+                           int cols, float* dst, Unpack mode) = 0;
 
   virtual std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) = 0;
   virtual void max_pool_forward(const PoolGeom& g, const float* x, float* y) = 0;

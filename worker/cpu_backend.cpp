@@ -85,8 +85,8 @@ class CpuBackend : public ComputeBackend {
     cpu::pack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
   }
   void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
-                   float* dst, bool accumulate) override {
-    if (accumulate)
+                   float* dst, Unpack mode) override {
+    if (mode == Unpack::Accumulate)
       cpu::unpack_add_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
     else
       cpu::unpack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);

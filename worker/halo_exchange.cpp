@@ -17,10 +17,10 @@ Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
   Tensor ext(backend_.allocator(), x.n(), x.c(), needed_.rows.size(), needed_.cols.size(), what);
   backend_.unpack_rect(x.data(), x.n(), x.c(), ext.h(), ext.w(), owned_.rows.lo - needed_.rows.lo,
                        owned_.cols.lo - needed_.cols.lo, owned_.rows.size(), owned_.cols.size(),
-                       ext.data(), false);
+                       ext.data(), ComputeBackend::Unpack::Overwrite);
   // Rows first, then columns including the received rows: that covers the corners.
-  run_phase(HaloPhase::Rows, ext, false);
-  run_phase(HaloPhase::Cols, ext, false);
+  run_phase(HaloPhase::Rows, ext, Direction::Forward);
+  run_phase(HaloPhase::Cols, ext, Direction::Forward);
   return ext;
 }
 
@@ -33,8 +33,8 @@ Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what
 Tensor HaloExchange::scatter_add(Tensor&& grad_ext, const std::string& what) {
   // The adjoint runs the phases in reverse, accumulating into the extended gradient.
   Tensor work = std::move(grad_ext);
-  run_phase(HaloPhase::Cols, work, true);
-  run_phase(HaloPhase::Rows, work, true);
+  run_phase(HaloPhase::Cols, work, Direction::Backward);
+  run_phase(HaloPhase::Rows, work, Direction::Backward);
   Tensor dx(backend_.allocator(), work.n(), work.c(), owned_.rows.size(), owned_.cols.size(), what);
   backend_.pack_rect(work.data(), work.n(), work.c(), work.h(), work.w(),
                      owned_.rows.lo - needed_.rows.lo, owned_.cols.lo - needed_.cols.lo,
@@ -44,16 +44,17 @@ Tensor HaloExchange::scatter_add(Tensor&& grad_ext, const std::string& what) {
 
 void HaloExchange::gather_in_place(const Tensor& x) {
   // Nothing is received (needed == owned), so the phases only read from x.
-  run_phase(HaloPhase::Rows, const_cast<Tensor&>(x), false);
-  run_phase(HaloPhase::Cols, const_cast<Tensor&>(x), false);
+  run_phase(HaloPhase::Rows, const_cast<Tensor&>(x), Direction::Forward);
+  run_phase(HaloPhase::Cols, const_cast<Tensor&>(x), Direction::Forward);
 }
 
 void HaloExchange::scatter_add_in_place(Tensor& grad) {
-  run_phase(HaloPhase::Cols, grad, true);
-  run_phase(HaloPhase::Rows, grad, true);
+  run_phase(HaloPhase::Cols, grad, Direction::Backward);
+  run_phase(HaloPhase::Rows, grad, Direction::Backward);
 }
 
-void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, bool backward) {
+void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, Direction direction) {
+  const bool backward = direction == Direction::Backward;
   // Forward: pack what peers receive from us out of `ext`, unpack what we receive into it.
   // Backward: the same regions with the roles swapped, and unpacking adds.
   const auto incoming = plan_.receives(layer_, rank_, phase);
@@ -90,7 +91,8 @@ void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, bool backward) {
   for (const auto& r : to_unpack) {
     backend_.unpack_rect(recv_buf.data() + offset, n, c, ext.h(), ext.w(),
                          r.rect.rows.lo - needed_.rows.lo, r.rect.cols.lo - needed_.cols.lo,
-                         r.rect.rows.size(), r.rect.cols.size(), ext.data(), backward);
+                         r.rect.rows.size(), r.rect.cols.size(), ext.data(),
+                         backward ? ComputeBackend::Unpack::Accumulate : ComputeBackend::Unpack::Overwrite);
     offset += volume(r);
   }
 }

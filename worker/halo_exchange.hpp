@@ -31,7 +31,10 @@ class HaloExchange {
   void scatter_add_in_place(Tensor& grad);
 
  private:
-  void run_phase(HaloPhase phase, Tensor& ext, bool backward);
+  // Forward sends the owned border and writes what arrives into the halo; backward, the
+  // adjoint, sends the halo's gradients back and adds them into the owned border.
+  enum class Direction { Forward, Backward };
+  void run_phase(HaloPhase phase, Tensor& ext, Direction direction);
 
   const ShardPlan& plan_;
   int layer_, rank_;

@@ -251,7 +251,7 @@ void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
 
 // What both commands share: the plan of this launch, checked to fit for inference.
 ShardPlan inference_plan(const Config& config, const ModelSpec& model, Inference kind) {
-  const ShardPlan plan = launch_plan(config, model);
+  const ShardPlan plan = launch_shards(config, model);
   const MemoryEstimate e = estimate_inference_memory_max(config, plan, kind);
   if (e.total > config.parallel.device_memory)
     throw ConfigError(fmt::format("{}: parallel.grid [{}, {}] does not fit for inference: rank {} needs {} per device "

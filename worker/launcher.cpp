@@ -95,11 +95,6 @@ int mpi_world_size() {
   return world_size;
 }
 
-GridShape grid_of(const Config& config, const ModelSpec& model, int groups) {
-  if (config.parallel.grid_auto) return choose_grid(config, model, groups);
-  return {config.parallel.grid_rows, config.parallel.grid_cols};
-}
-
 void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   MpiComm world(MPI_COMM_WORLD, false);
   set_log_rank(world.rank(), world.size());
@@ -152,18 +147,11 @@ void run_local(const Config& config, const ShardPlan& plan, const WorkerBody& bo
   if (first) std::rethrow_exception(first);
 }
 
-// A plan whose predicted peak passes parallel.device_memory is refused before any step
-// runs, with plan's message (the need, the budget, the smallest grid that fits).
-void check_fits(const Config& config, const ModelSpec& model, const ShardPlan& plan) {
-  const std::string verdict = fit_verdict(config, model, plan);
-  if (!verdict.empty()) throw ConfigError(verdict);
-}
-
 }  // namespace
 
-ShardPlan launch_plan(const Config& config, const ModelSpec& model) {
+ShardPlan launch_shards(const Config& config, const ModelSpec& model) {
   const int world_size = mpi_world_size();
-  const GridShape grid = grid_of(config, model, 1);
+  const GridShape grid = plan_grid(config, model);
   if (world_size > 1 && world_size % (grid.rows * grid.cols) != 0)
     throw ConfigError(fmt::format(
         "{}: parallel.grid [{}, {}] needs a multiple of {} ranks; this job has {}", config.source_path,
@@ -171,6 +159,14 @@ ShardPlan launch_plan(const Config& config, const ModelSpec& model) {
   const ShardPlan plan =
       world_size > 1 ? make_shard_plan(model, grid, world_size) : make_shard_plan(model, grid);
   check_batch(config, plan);
+  return plan;
+}
+
+// A plan whose predicted peak passes parallel.device_memory is refused before any step
+// runs, with plan's message (the need, the budget, the smallest grid that fits).
+Plan launch_plan(const Config& config, const ModelSpec& model) {
+  Plan plan = make_plan(config, launch_shards(config, model));
+  if (!plan.fits()) throw ConfigError(plan.verdict);
   return plan;
 }
 
@@ -191,12 +187,11 @@ void run_workers(const Config& config, const ShardPlan& plan, const WorkerBody& 
 
 TrainSummary run_training(const Config& config) {
   const ModelSpec model = build_model_spec(config);
-  const ShardPlan plan = launch_plan(config, model);
-  check_fits(config, model, plan);
+  const Plan plan = launch_plan(config, model);
   ensure_data(config);
   TrainSummary summary;  // this process's first rank's
   const bool mpi = mpi_world_size() > 1;
-  run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend,
+  run_workers(config, plan.shards, [&](int rank, Comm& world, const BackendOptions& backend,
                                 const DeviceWorldFactory& device_world) {
     Trainer trainer(config, plan, rank, world, backend, device_world);
     TrainSummary s = trainer.run();

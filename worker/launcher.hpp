@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
 #include "worker/comm.hpp"
@@ -24,7 +25,10 @@ using WorkerBody =
 // The shard plan of this launch: the config's grid (or `auto`) over MPI's ranks, or over
 // the threads of one process. Checks that the batch divides among the sample groups and
 // their micro-batches.
-ShardPlan launch_plan(const Config& config, const ModelSpec& model);
+ShardPlan launch_shards(const Config& config, const ModelSpec& model);
+// The training plan of this launch (make_plan of launch_shards); ConfigError with its
+// verdict when it does not fit.
+Plan launch_plan(const Config& config, const ModelSpec& model);
 
 // Makes data.train and data.validation from data.synthesize when they do not exist
 // (rank 0 under MPI, the others wait).

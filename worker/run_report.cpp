@@ -168,7 +168,7 @@ std::string prepare_run_files(const Config& config, const ShardPlan& plan, int64
   return metrics;
 }
 
-std::string write_run_report(const std::string& run_dir, const Config& config, const ShardPlan& plan,
+std::string write_run_report(const std::string& run_dir, const Config& config, const Plan& plan,
                              int64_t total_steps, const Thumbnail& image) {
   RunRecord run;
   run.run_dir = run_dir;
@@ -200,11 +200,11 @@ std::string report_run_dir(const std::string& run_dir) {
   const RunInfo info = parse_run_info(read_text_file(info_path), info_path);
   Config config;
   ModelSpec model;
-  ShardPlan plan;
+  Plan plan;
   try {
     config = parse_config(info.config_text, info.config_path);
     model = build_model_spec(config);
-    plan = make_shard_plan(model, info.grid, info.world);
+    plan = make_plan(config, make_shard_plan(model, info.grid, info.world));
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("{}: the run it describes no longer plans: {}", info_path, e.what()));
   }

@@ -33,7 +33,7 @@ void publish_page(const std::string& path, const std::string& html);
 // run_dir/report.html from run_dir's files and `image`; returns its path. Throws
 // ConfigError (naming the file) when metrics.csv or memory.csv is malformed; nothing is
 // written then.
-std::string write_run_report(const std::string& run_dir, const Config& config, const ShardPlan& plan,
+std::string write_run_report(const std::string& run_dir, const Config& config, const Plan& plan,
                              int64_t total_steps, const Thumbnail& image);
 
 // `halotrain report RUN_DIR`: plans the run again from run.json, reads the image, writes

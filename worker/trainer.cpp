@@ -50,29 +50,30 @@ struct Trainer::HostSnapshot {
   std::vector<float> values, buffers, m, v;
 };
 
-Trainer::Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
+Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
                  const BackendOptions& backend_options, DeviceWorldFactory device_world)
     : config_(config),
-      plan_(plan),
+      job_(plan),
+      plan_(plan.shards),
       rank_(rank),
       host_world_(world),
       world_(&world),
       backend_options_(backend_options),
       make_device_world_(std::move(device_world)),
-      policies_(activation_policies(config, plan)) {
+      policies_(plan.policies) {
   build_device_state(nullptr);
   params_->initialize(config.seed);
-  if (!config.training.init_weights.empty()) load_init_weights(config, plan.model, *params_);
+  if (!config.training.init_weights.empty()) load_init_weights(config, plan_.model, *params_);
   const std::string resume = find_resume_checkpoint(config, rank == 0);
   if (!resume.empty()) {
     const TrainingProgress p =
-        load_checkpoint(resume, config, plan.model, *params_, optimizer_, *backend_, rank == 0);
+        load_checkpoint(resume, config, plan_.model, *params_, optimizer_, *backend_, rank == 0);
     start_step_ = p.step;
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
-  data_ = std::make_unique<BatchSource>(config, plan, rank, *backend_);
+  data_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_);
   if (!config.data.validation.empty())
-    validation_ = std::make_unique<BatchSource>(config, plan, rank, *backend_, DataPurpose::Evaluate,
+    validation_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_, DataPurpose::Evaluate,
                                                 config.data.validation);
   // Rank 0 writes the checkpoints. It claims the run directory once every input checked
   // out, so a run refused for its device, weights or data leaves nothing behind.
@@ -144,7 +145,6 @@ void Trainer::recycle_in_process() {
   optimizer_ = OptimizerState{};
   grad_sum_.release();
   params_.reset();
-  test_leak_.clear();
   const std::string device = backend_->device_name();
   data_->rebind(nullptr);
   if (validation_) validation_->rebind(nullptr);
@@ -370,9 +370,8 @@ void Trainer::write_memory_report() {
   std::ofstream out(config_.run_dir + "/memory.csv", std::ios::trunc);
   out << "rank,peak_device_bytes,predicted_peak_device_bytes,host_pool_peak_bytes,predicted_host_pool_bytes\n";
   double worst = 0;
-  const StepMemory model(config_, plan_);
   for (int r = 0; r < int(device.size()); ++r) {
-    const MemoryEstimate e = model.estimate(plan_.shard_of(r), policies_);  // groups repeat group 0
+    const MemoryEstimate& e = job_.ranks.at(r);
     out << fmt::format("{},{},{},{},{}\n", r, uint64_t(device[r]), e.total, uint64_t(host[r]), e.host_offload);
     worst = std::max(worst, std::abs(device[r] - double(e.total)) / std::max(double(e.total), 1.0));
   }
@@ -434,7 +433,7 @@ std::string Trainer::refresh_report() {
   Reporter& r = *reporter_;
   try {
     if (!r.image) r.image = read_thumbnail(config_, plan_.model);
-    return write_run_report(config_.run_dir, config_, plan_, r.total, *r.image);
+    return write_run_report(config_.run_dir, config_, job_, r.total, *r.image);
   } catch (const std::exception& e) {
     // The page is for looking at: it never stops a run.
     if (!r.report_failed) log().warn("report.html not written: {}", e.what());
@@ -478,14 +477,12 @@ TrainSummary Trainer::run() {
   if (start_step_ >= total && rank_ == 0)
     log().info("nothing to train: the checkpoint is at step {} of {} (raise training.steps to go on)",
                start_step_, total);
-  const char* leak = std::getenv("HALOTRAIN_TEST_LEAK_MIB");
   const int64_t every = config_.checkpoint.every_steps;
   const int64_t recycle_every = config_.recycle.every_steps;
   summary.steps = start_step_;
   for (int64_t step = start_step_; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     summary.final_loss = train_step(step);
-    if (leak) test_leak_.emplace_back(size_t(std::atoll(leak)) << 20, char(1));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t done = step + 1;
     const bool last = done == total;

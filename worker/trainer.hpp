@@ -37,7 +37,8 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  Trainer(const Config& config, const ShardPlan& plan, int rank, Comm& world,
+  // `plan` outlives the trainer.
+  Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
           const BackendOptions& backend_options, DeviceWorldFactory device_world = {});
   ~Trainer();
 
@@ -71,13 +72,14 @@ class Trainer {
   void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged, const MetricValues& val);
 
   const Config& config_;
-  const ShardPlan& plan_;
+  const Plan& job_;
+  const ShardPlan& plan_;  // job_.shards
   int rank_;
   Comm& host_world_;  // from the launcher
   Comm* world_;       // host_world_, or device_world_ when there is one
   BackendOptions backend_options_;
   DeviceWorldFactory make_device_world_;
-  LayerPolicies policies_;  // activation policy per layer (orchestrator/activation_plan.hpp)
+  const LayerPolicies& policies_;  // job_.policies: the activation policy of each layer
   // Declared after the backend, so destroyed before it: device comms stage in its memory.
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<Comm> device_world_;
@@ -92,7 +94,6 @@ class Trainer {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;
-  std::vector<std::vector<char>> test_leak_;  // HALOTRAIN_TEST_LEAK_MIB: a leak recycling must cure
   struct Reporter;
   std::unique_ptr<Reporter> reporter_;
 };

@@ -6,9 +6,11 @@
 - train on grid 2x1, resume on 1x2: equal within float tolerance;
 - a torn newest checkpoint is skipped with a warning naming it;
 - a checkpoint of another model is refused with exit 1;
-- a test-only leak grows the process without recycling and stays bounded with restart.
+- a leaking layer (test_leak, a layer kind of the test tree) grows the process without
+  recycling and stays bounded with restart.
 
-usage: resume_test.py HALOTRAIN WORKDIR
+usage: resume_test.py HALOTRAIN WORKDIR HALOTRAIN_TEST_LAYERS
+(the last: the CLI with tests/common/test_layers.cpp's layer kinds)
 """
 import os
 import re
@@ -22,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from configs import write_config  # noqa: E402
 
-BIN, WORK = sys.argv[1], sys.argv[2]
+BIN, WORK, BIN_TEST_LAYERS = sys.argv[1], sys.argv[2], sys.argv[3]
 RESULTS = []
 
 
@@ -31,14 +33,15 @@ def check(name, ok, detail=""):
     print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}", flush=True)
 
 
-def config(tag, **over):
+def config(tag, leak_mib=0, **over):
+    leak = [dict(type="test_leak", mib=leak_mib)] if leak_mib else []
     cfg = dict(
         name=tag, run_dir=os.path.join(WORK, tag), seed=5,
         data=dict(train=os.path.join(WORK, "data.h5"), shuffle=True),
         model=dict(input=[40, 36, 1], loss="softmax_cross_entropy", layers=[
             dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
             dict(type="batch_norm", momentum=0.9),
-            dict(type="relu"),
+            dict(type="relu")] + leak + [
             dict(type="max_pool2d", pool=2),
             dict(type="conv2d", filters=4, kernel=3, padding="same"),
             dict(type="relu"),
@@ -51,9 +54,9 @@ def config(tag, **over):
     return write_config(WORK, tag, cfg, over)
 
 
-def train(cfg, *sets, env=None):
-    cmd = [BIN, "train", cfg] + [a for s in sets for a in ("--set", s)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+def train(cfg, *sets, binary=BIN):
+    cmd = [binary, "train", cfg] + [a for s in sets for a in ("--set", s)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def weights(path):
@@ -133,12 +136,12 @@ def main():
           r.returncode == 1 and "another model" in r.stderr, r.stderr[-1000:])
 
     # Leak: 64 MiB per step for 9 steps; restart every 3 steps keeps each process small.
-    env = dict(os.environ, HALOTRAIN_TEST_LEAK_MIB="64")
     rss = lambda text: [float(x) for x in re.findall(r"process peak RSS ([0-9.]+) MiB", text)]
-    r = train(config("leaky", **{"training.steps": 9}), env=env)
+    r = train(config("leaky", leak_mib=64, **{"training.steps": 9}), binary=BIN_TEST_LAYERS)
     grow = rss(r.stderr)
-    r = train(config("leaky_restart", **{"training.steps": 9, "recycle.every_steps": 3, "recycle.mode": "restart"}),
-              env=env)
+    r = train(config("leaky_restart", leak_mib=64,
+                     **{"training.steps": 9, "recycle.every_steps": 3, "recycle.mode": "restart"}),
+              binary=BIN_TEST_LAYERS)
     bounded = rss(r.stderr)
     check("without recycling the leak grows the process (> 9 x 64 MiB)", grow and max(grow) > 9 * 64, str(grow))
     check("with restart every 3 steps every process stays under 4 x 64 MiB + base",

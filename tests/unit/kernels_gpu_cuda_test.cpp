@@ -19,7 +19,7 @@
 #include "kernels/cpu/pool.hpp"
 #include "worker/backend.hpp"
 #ifdef HALOTRAIN_HAVE_CUDA_BACKEND
-#include "kernels/cuda/nccl_comm.hpp"
+#include "worker/cuda/nccl_comm.hpp"
 #endif
 
 namespace ht {
@@ -139,7 +139,8 @@ TEST_F(CudaBackendTest, PackUnpackRect) {
     else
       cpu::unpack_rect(src.data(), n, c, h, w, row0, col0, rows, cols, ref.data());
     float* dst = dev(base);
-    gpu_->unpack_rect(dev(src), n, c, h, w, row0, col0, rows, cols, dst, accumulate);
+    gpu_->unpack_rect(dev(src), n, c, h, w, row0, col0, rows, cols, dst,
+                      accumulate ? ht::ComputeBackend::Unpack::Accumulate : ht::ComputeBackend::Unpack::Overwrite);
     EXPECT_EQ(host(dst, x.size()), ref) << "accumulate " << accumulate;
   }
 }

@@ -11,6 +11,7 @@
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
+#include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/shard_plan.hpp"
 
@@ -293,18 +294,18 @@ TEST(MemoryModel, FitVerdictNamesNeedBudgetAndSmallestGrid) {
   const uint64_t whole = estimate_memory_max(c, one).total;
   const uint64_t two = estimate_memory_max(c, make_shard_plan(m, {2, 1})).total;
   c.parallel.device_memory = whole;
-  EXPECT_EQ(fit_verdict(c, m, one), "");
+  EXPECT_EQ(make_plan(c, one).verdict, "");
   EXPECT_TRUE(plan_fits(c, one));
 
   c.parallel.device_memory = (two + whole) / 2;
-  const std::string v = fit_verdict(c, m, one);
+  const std::string v = make_plan(c, one).verdict;
   EXPECT_NE(v.find("does not fit"), std::string::npos) << v;
   EXPECT_NE(v.find(format_size(whole)), std::string::npos) << v;
   EXPECT_NE(v.find(format_size(c.parallel.device_memory)), std::string::npos) << v;
   EXPECT_NE(v.find("smallest grid that fits: [2, 1]"), std::string::npos) << v;
 
   c.parallel.device_memory = 1024;
-  EXPECT_NE(fit_verdict(c, m, one).find("no grid fits"), std::string::npos);
+  EXPECT_NE(make_plan(c, one).verdict.find("no grid fits"), std::string::npos);
 }
 
 TEST(MemoryModel, HaloTrafficSplitsByNode) {
@@ -349,14 +350,14 @@ TEST(PlanReport, TextAndJsonCarryTheSameContent) {
   Config c = classifier();
   const ModelSpec m = build_model_spec(c);
   const ShardPlan p = make_shard_plan(m, {2, 1}, 4);  // two sample groups
-  const std::string text = render_plan_text(c, p);
+  const std::string text = render_plan_text(c, make_plan(c, p));
   EXPECT_NE(text.find("grid [2, 1]"), std::string::npos) << text;
   EXPECT_NE(text.find("conv2d_2"), std::string::npos) << text;
   EXPECT_NE(text.find("FITS"), std::string::npos) << text;
   EXPECT_NE(text.find("[32, 64)"), std::string::npos) << text;  // rank 1's image rows
   EXPECT_NE(text.find("intra-node"), std::string::npos) << text;
 
-  const std::string json = render_plan_json(c, p);
+  const std::string json = render_plan_json(c, make_plan(c, p));
   size_t ranks = 0;
   for (size_t at = json.find("\"peak_device_bytes\""); at != std::string::npos;
        at = json.find("\"peak_device_bytes\"", at + 1))
@@ -373,8 +374,8 @@ TEST(PlanReport, TextAndJsonCarryTheSameContent) {
   EXPECT_EQ(h.cols_left, 0);
 
   c.parallel.device_memory = 4096;
-  EXPECT_NE(render_plan_text(c, p).find("DOES NOT FIT"), std::string::npos);
-  EXPECT_NE(render_plan_json(c, p).find("\"fits\": false"), std::string::npos);
+  EXPECT_NE(render_plan_text(c, make_plan(c, p)).find("DOES NOT FIT"), std::string::npos);
+  EXPECT_NE(render_plan_json(c, make_plan(c, p)).find("\"fits\": false"), std::string::npos);
 }
 
 }  // namespace

@@ -110,7 +110,7 @@ TEST(Report, PageEscapesTheTitleAndKeepsTheDataInOneBlock) {
   run.metrics = parse_metrics_csv("step,loss\n1,0.5\n", "m.csv");
   Thumbnail none;
   none.missing = "data/x.h5 does not exist";
-  const std::string page = render_report_html(c, plan, &run, none);
+  const std::string page = render_report_html(c, make_plan(c, plan), &run, none);
   EXPECT_NE(page.find("<title>halotrain report: &lt;/script&gt;&lt;b&gt;x</title>"), std::string::npos);
   const std::string open = "<script type=\"application/json\" id=\"halotrain-data\">";
   const size_t begin = page.find(open) + open.size();
@@ -128,11 +128,11 @@ TEST(Report, PageEscapesTheTitleAndKeepsTheDataInOneBlock) {
 
   // A Latin-1 name (not UTF-8) still makes a page; the byte becomes U+FFFD.
   c.name = "d\xe9mo";
-  const std::string latin1 = render_report_html(c, plan, &run, none);
+  const std::string latin1 = render_report_html(c, make_plan(c, plan), &run, none);
   EXPECT_NE(latin1.find("d\xef\xbf\xbdmo"), std::string::npos);
   c.name = "plain";
 
-  const std::string plan_page = render_report_html(c, plan, nullptr, none);
+  const std::string plan_page = render_report_html(c, make_plan(c, plan), nullptr, none);
   const nlohmann::json plan_doc = nlohmann::json::parse(
       plan_page.substr(plan_page.find(open) + open.size(),
                        plan_page.find("</script>", plan_page.find(open)) - plan_page.find(open) - open.size()));

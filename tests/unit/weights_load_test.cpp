@@ -76,8 +76,8 @@ class StandInDevice final : public ComputeBackend {
     cpu_->pack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
   }
   void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
-                   float* dst, bool accumulate) override {
-    cpu_->unpack_rect(src, n, c, h, w, row0, col0, rows, cols, dst, accumulate);
+                   float* dst, Unpack mode) override {
+    cpu_->unpack_rect(src, n, c, h, w, row0, col0, rows, cols, dst, mode);
   }
   std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) override { return cpu_->make_conv(geom); }
   void max_pool_forward(const PoolGeom& g, const float* x, float* y) override { cpu_->max_pool_forward(g, x, y); }

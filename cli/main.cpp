@@ -37,24 +37,22 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
              const std::string& mode) {
   Config config = load_config(path, sets);
   const ModelSpec model = build_model_spec(config);
-  GridShape grid{config.parallel.grid_rows, config.parallel.grid_cols};
-  if (config.parallel.grid_auto) grid = choose_grid(config, model);
-  const ShardPlan plan = make_shard_plan(model, grid);
+  ShardPlan shards = make_shard_plan(model, plan_grid(config, model));
   if (mode == "predict") {
-    std::cout << render_predict_plan(config, plan, json);
-    const std::string verdict = predict_fit_verdict(config, plan);
+    std::cout << render_predict_plan(config, shards, json);
+    const std::string verdict = predict_fit_verdict(config, shards);
     if (verdict.empty()) return 0;
     std::cerr << "halotrain plan: " << verdict << "\n";
     return 1;
   }
+  const Plan plan = make_plan(config, std::move(shards));
   std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
   if (!html.empty()) {
     publish_page(html, render_report_html(config, plan, nullptr, read_thumbnail(config, model)));
     std::cerr << "wrote " << html << "\n";
   }
-  const std::string verdict = fit_verdict(config, model, plan);
-  if (!verdict.empty()) {
-    std::cerr << "halotrain plan: " << verdict << "\n";
+  if (!plan.fits()) {
+    std::cerr << "halotrain plan: " << plan.verdict << "\n";
     return 1;
   }
   return 0;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_allocator.hpp"
-#include "orchestrator/memory_model.hpp"  // kConvWorkspaceLimit
+#include "kernels/device_memory.hpp"
 #include "worker/backend.hpp"
+#include "worker/cuda/cuda_allocator.hpp"
 
 namespace ht::cuda {
 
@@ -53,7 +53,7 @@ class CudaBackend final : public ComputeBackend {
   void pack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
                  float* dst) override;
   void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows, int cols,
-                   float* dst, bool accumulate) override;
+                   float* dst, Unpack mode) override;
 
   std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) override;
   void max_pool_forward(const PoolGeom& g, const float* x, float* y) override;

@@ -1,8 +1,9 @@
-#include "kernels/cuda/cuda_allocator.hpp"
+#include "worker/cuda/cuda_allocator.hpp"
 
 #include <utility>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/device_memory.hpp"
 
 namespace ht::cuda {
 
@@ -51,8 +52,7 @@ void* DeviceScratch::get(size_t bytes) {
   release();
   // Round up so slowly growing requests do not reallocate (and synchronize) every call;
   // near the budget the exact size may still fit.
-  const size_t unit = bytes < (size_t(1) << 20) ? 4096 : size_t(1) << 20;
-  size_t rounded = (bytes + unit - 1) / unit * unit;
+  size_t rounded = size_t(round_device_scratch(bytes));
   try {
     ptr_ = alloc_.allocate(rounded, what_);
   } catch (const DeviceMemoryError&) {

@@ -1,4 +1,4 @@
-#include "kernels/cuda/nccl_comm.hpp"
+#include "worker/cuda/nccl_comm.hpp"
 
 #include <nccl.h>
 
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
-#include "kernels/cuda/cuda_allocator.hpp"
-#include "kernels/cuda/cuda_backend.hpp"
+#include "worker/cuda/cuda_allocator.hpp"
+#include "worker/cuda/cuda_backend.hpp"
 #include "kernels/cuda/launch.hpp"
 
 namespace ht::cuda {

@@ -1,6 +1,6 @@
 // CudaBackend: argument checks, host <-> device staging of the double per-channel values,
 // and dispatch to the .cu launchers. Convolutions live in cudnn_conv.cpp.
-#include "kernels/cuda/cuda_backend.hpp"
+#include "worker/cuda/cuda_backend.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -163,10 +163,10 @@ void CudaBackend::pack_rect(const float* src, int n, int c, int h, int w, int ro
 }
 
 void CudaBackend::unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
-                              int cols, float* dst, bool accumulate) {
+                              int cols, float* dst, Unpack mode) {
   check_rect(h, w, row0, col0, rows, cols);
   bind();
-  launch_unpack_rect(src, n * c, h, w, row0, col0, rows, cols, dst, accumulate);
+  launch_unpack_rect(src, n * c, h, w, row0, col0, rows, cols, dst, mode == Unpack::Accumulate);
 }
 
 std::unique_ptr<ConvKernel> CudaBackend::make_conv(const ConvGeom& geom) {
