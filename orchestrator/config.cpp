@@ -85,6 +85,7 @@ std::string expected_value(const LayerKey& key) {
     case KeyType::Int: return fmt::format("an integer >= {}", key.min);
     case KeyType::Unit: return "a number in [0, 1)";
     case KeyType::Positive: return "a number > 0";
+    case KeyType::NonNegative: return "a number >= 0";
     case KeyType::Bool: return "true or false";
     case KeyType::Padding: return "an integer >= 0, same or valid";
   }
@@ -102,6 +103,7 @@ LayerValue read_layer_value(const MapReader& r, const LayerKey& key, const Layer
     case KeyType::Int: return r.get_int(name, 0, key.min, kIntMax);
     case KeyType::Unit: return r.get_unit(name, 0);
     case KeyType::Positive: return r.get_positive(name, 1);
+    case KeyType::NonNegative: return r.get_nonneg(name, 0);
     case KeyType::Bool: return r.get_bool(name, false);
     case KeyType::Padding: return read_padding(r[name]);
   }
@@ -150,10 +152,13 @@ void name_layers(const Item& layers_item, std::vector<LayerConfig>& layers) {
                               second.path, layers[i].name, pos->second, first.where()));
     }
   }
-  std::map<const LayerKind*, int> counters;
+  // Keras counts per name prefix: kinds that share one (relu, sigmoid, tanh are all
+  // Activation layers) share its numbers.
+  std::map<std::string, int> counters;
   for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i].name.empty()) continue;
-    layers[i].name = fmt::format("{}_{}", layers[i].kind->keras_prefix, ++counters[layers[i].kind]);
+    const std::string& prefix = layers[i].kind->keras_prefix;
+    layers[i].name = fmt::format("{}_{}", prefix, ++counters[prefix]);
     auto clash = explicit_names.find(layers[i].name);
     if (clash != explicit_names.end()) {
       const Item named = layers_item.element(clash->second), unnamed = layers_item.element(i);

@@ -21,6 +21,7 @@ enum class KeyType {
   Int,       // an integer >= LayerKey::min
   Unit,      // a number in [0, 1]
   Positive,  // a number > 0
+  NonNegative,  // a number >= 0
   Bool,
   Padding,   // an integer >= 0, same or valid (SPEC section 5)
 };

@@ -76,12 +76,20 @@ LayerKind batch_norm() {
   return k;
 }
 
-LayerKind relu() {
-  LayerKind k{"relu", "Activation", "activation", {}, {}, {}};
+// Element-wise, shape-preserving: relu, and leaky_relu, sigmoid, tanh (worker/layers.cpp's
+// ActivationLayer).
+LayerKind elementwise(const char* type, const char* keras_class, const char* keras_prefix) {
+  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.shape = [](LayerSpec& l) {
     l.out = l.in;
     l.flops_per_image = l.in.elements();
   };
+  return k;
+}
+
+LayerKind leaky_relu() {
+  LayerKind k = elementwise("leaky_relu", "LeakyReLU", "leaky_re_lu");
+  k.keys = {with_default("alpha", KeyType::NonNegative, 0.3)};
   return k;
 }
 
@@ -122,11 +130,14 @@ std::vector<LayerKind> builtin_layer_kinds() {
   std::vector<LayerKind> kinds;
   kinds.push_back(conv2d());
   kinds.push_back(batch_norm());
-  kinds.push_back(relu());
+  kinds.push_back(elementwise("relu", "Activation", "activation"));
   kinds.push_back(pool2d("max_pool2d", "MaxPooling2D", "max_pooling2d", WindowUse::InputGradient));
   kinds.push_back(pool2d("avg_pool2d", "AveragePooling2D", "average_pooling2d", WindowUse::None));
   kinds.push_back(global_avg_pool());
   kinds.push_back(dense());
+  kinds.push_back(leaky_relu());
+  kinds.push_back(elementwise("sigmoid", "Activation", "activation"));
+  kinds.push_back(elementwise("tanh", "Activation", "activation"));
   return kinds;
 }
 

@@ -95,12 +95,12 @@ ModelSpec build_model_spec(const Config& config) {
   Shape3 shape = spec.input;
   bool spatial = true;
   spec.spatial_layers = int(config.model.layers.size());
-  std::map<const LayerKind*, int> counters;
+  std::map<std::string, int> counters;  // per Keras name prefix, as name_layers (config.cpp)
   for (size_t i = 0; i < config.model.layers.size(); ++i) {
     LayerSpec l;
     l.config = config.model.layers[i];
     if (l.config.name.empty())
-      l.config.name = fmt::format("{}_{}", l.kind().keras_prefix, ++counters[l.config.kind]);
+      l.config.name = fmt::format("{}_{}", l.kind().keras_prefix, ++counters[l.kind().keras_prefix]);
     l.in = shape;
     l.spatial = spatial;
     l.rows = make_window(shape.h, 1, 1, 1, Padding{});

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/activation.hpp"
 #include "kernels/geometry.hpp"
 #include "orchestrator/config.hpp"
 #include "worker/comm.hpp"
@@ -93,6 +94,10 @@ class ComputeBackend {
 
   virtual void relu_forward(size_t count, const float* x, float* y) = 0;
   virtual void relu_backward(size_t count, const float* y, const float* dy, float* dx) = 0;
+  // LeakyReLU (slope alpha), Sigmoid, Tanh; the backward reads the output y (kernels/cpu/elementwise.hpp).
+  virtual void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) = 0;
+  virtual void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                                   float* dx) = 0;
   virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
   virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
                                    float* dx) = 0;

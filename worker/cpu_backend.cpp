@@ -132,6 +132,13 @@ class CpuBackend : public ComputeBackend {
   }
 
   void relu_forward(size_t count, const float* x, float* y) override { cpu::relu_forward(count, x, y); }
+  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override {
+    cpu::activation_forward(f, alpha, count, x, y);
+  }
+  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                           float* dx) override {
+    cpu::activation_backward(f, alpha, count, y, dy, dx);
+  }
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override {
     cpu::relu_backward(count, y, dy, dx);
   }

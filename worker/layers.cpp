@@ -337,6 +337,31 @@ class ReLULayer : public Layer {
   }
 };
 
+// leaky_relu, sigmoid, tanh: y = f(x); the backward reads y.
+class ActivationLayer : public Layer {
+ public:
+  ActivationLayer(const LayerContext& ctx, int index, Activation f)
+      : Layer(ctx, index), f_(f), alpha_(f == Activation::LeakyReLU ? float(spec().config.number("alpha")) : 0.f) {}
+
+ protected:
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
+    ctx_.backend.activation_forward(f_, alpha_, x.size(), x.data(), y.data());
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (!need_dx) return dx;
+    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    ctx_.backend.activation_backward(f_, alpha_, y.size(), y.data(), dy.data(), dx.data());
+    return dx;
+  }
+
+ private:
+  Activation f_;
+  float alpha_;
+};
+
 // Mean over the whole image: partial sums from every shard of the sample group.
 class GlobalAvgPoolLayer : public Layer {
  public:
@@ -396,6 +421,12 @@ LayerFactory factory() {
   return [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> { return std::make_unique<L>(ctx, index); };
 }
 
+LayerFactory activation_factory(Activation f) {
+  return [f](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {
+    return std::make_unique<ActivationLayer>(ctx, index, f);
+  };
+}
+
 LayerFactory pool_factory(PoolOp op) {
   return [op](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {
     return std::make_unique<PoolLayer>(ctx, index, op);
@@ -411,6 +442,9 @@ std::map<std::string, LayerFactory>& kernels() {
       {"avg_pool2d", pool_factory(PoolOp::Average)},
       {"global_avg_pool", factory<GlobalAvgPoolLayer>()},
       {"dense", factory<DenseLayer>()},
+      {"leaky_relu", activation_factory(Activation::LeakyReLU)},
+      {"sigmoid", activation_factory(Activation::Sigmoid)},
+      {"tanh", activation_factory(Activation::Tanh)},
   };
   return table;
 }

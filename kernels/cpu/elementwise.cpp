@@ -1,5 +1,6 @@
 #include "kernels/cpu/elementwise.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,48 @@ void relu_backward(size_t n, const T* y, const T* dy, T* dx) {
     // dependent branch mispredicts on half the elements).
     const T yv = y[i], d = dy[i];
     dx[i] = yv <= T(0) ? T(0) : d;  // torch's test
+  }
+}
+
+template <class T>
+void activation_forward(Activation f, double alpha, size_t n, const T* x, T* y) {
+  const T a = T(alpha);
+  switch (f) {
+    case Activation::LeakyReLU:
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : a * x[i];
+      return;
+    case Activation::Sigmoid:
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) {
+        // exp of a non-positive argument only: no overflow for large |x|.
+        const T e = std::exp(-std::abs(x[i]));
+        y[i] = x[i] >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
+      }
+      return;
+    case Activation::Tanh:
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+      return;
+  }
+}
+
+template <class T>
+void activation_backward(Activation f, double alpha, size_t n, const T* y, const T* dy, T* dx) {
+  const T a = T(alpha);
+  switch (f) {
+    case Activation::LeakyReLU:
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : a * dy[i];
+      return;
+    case Activation::Sigmoid:
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]);
+      return;
+    case Activation::Tanh:
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+      for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]);
+      return;
   }
 }
 
@@ -111,6 +154,8 @@ void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int ro
 #define HT_EW_INST(T)                                                                 \
   template void relu_forward<T>(size_t, const T*, T*);                                \
   template void relu_backward<T>(size_t, const T*, const T*, T*);                     \
+  template void activation_forward<T>(Activation, double, size_t, const T*, T*);       \
+  template void activation_backward<T>(Activation, double, size_t, const T*, const T*, T*); \
   template void global_avg_sum<T>(int, int, long, const T*, double*);                 \
   template void global_avg_backward<T>(int, int, long, const T*, double, T*);         \
   template void pack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);   \

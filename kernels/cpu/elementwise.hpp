@@ -4,6 +4,8 @@
 
 #include <cstddef>
 
+#include "kernels/activation.hpp"
+
 namespace ht::cpu {
 
 template <class T>
@@ -11,6 +13,14 @@ void relu_forward(size_t n, const T* x, T* y);
 // dx = dy where y > 0, else 0 (torch's threshold_backward on the output). dx may alias dy.
 template <class T>
 void relu_backward(size_t n, const T* y, const T* dy, T* dx);
+
+// y = f(x) for LeakyReLU (slope alpha), Sigmoid, Tanh.
+template <class T>
+void activation_forward(Activation f, double alpha, size_t n, const T* x, T* y);
+// dx = dy * f'(x), from the output y alone: LeakyReLU dy where y > 0, else alpha * dy (as
+// torch, alpha at 0); Sigmoid dy * y * (1 - y); Tanh dy * (1 - y * y). dx may alias dy.
+template <class T>
+void activation_backward(Activation f, double alpha, size_t n, const T* y, const T* dy, T* dx);
 
 // sums[i] += sum over hw of x[i], i < n*c (the caller divides by the global H*W).
 template <class T>

@@ -26,6 +26,30 @@ __global__ void relu_backward_kernel(size_t count, const float* y, const float* 
   HT_GRID_STRIDE(i, count) dx[i] = y[i] <= 0.f ? 0.f : dy[i];  // torch's threshold_backward
 }
 
+__global__ void activation_forward_kernel(Activation f, float alpha, size_t count, const float* x, float* y) {
+  HT_GRID_STRIDE(i, count) {
+    const float v = x[i];
+    if (f == Activation::LeakyReLU) {
+      y[i] = v > 0.f ? v : alpha * v;
+    } else if (f == Activation::Sigmoid) {
+      const float e = expf(-fabsf(v));
+      y[i] = v >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+    } else {
+      y[i] = tanhf(v);
+    }
+  }
+}
+
+__global__ void activation_backward_kernel(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                                           float* dx) {
+  HT_GRID_STRIDE(i, count) {
+    const float v = y[i], d = dy[i];
+    if (f == Activation::LeakyReLU) dx[i] = v > 0.f ? d : alpha * d;
+    else if (f == Activation::Sigmoid) dx[i] = d * v * (1.f - v);
+    else dx[i] = d * (1.f - v * v);
+  }
+}
+
 __global__ void pack_rect_kernel(const float* src, int planes, int h, int w, int row0, int col0, int rows,
                                  int cols, float* dst) {
   const int64_t total = int64_t(planes) * rows * cols;
@@ -84,6 +108,18 @@ void launch_relu_forward(size_t count, const float* x, float* y) {
 void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx) {
   if (!count) return;
   relu_backward_kernel<<<grid_for(count), kThreads>>>(count, y, dy, dx);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) {
+  if (!count) return;
+  activation_forward_kernel<<<grid_for(count), kThreads>>>(f, alpha, count, x, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx) {
+  if (!count) return;
+  activation_backward_kernel<<<grid_for(count), kThreads>>>(f, alpha, count, y, dy, dx);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/activation.hpp"
 #include "kernels/geometry.hpp"
 
 namespace ht::cuda {
@@ -18,6 +19,8 @@ void launch_add_scaled(float* dst, const float* src, float alpha, size_t count);
 void launch_scale(float* dst, float factor, size_t count);
 void launch_relu_forward(size_t count, const float* x, float* y);
 void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx);
+void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y);
+void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx);
 // Rectangles of `planes` planes [h, w] <-> packed [planes, rows, cols]. Also used to pad
 // (unpack into a zeroed larger buffer) and crop (pack out of one) for cuDNN.
 void launch_pack_rect(const float* src, int planes, int h, int w, int row0, int col0, int rows, int cols,

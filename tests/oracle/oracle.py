@@ -88,6 +88,23 @@ CASES = {
         grids=[[1, 1], [2, 2], [2, 1]],
         mpi=[(2, [1, 2])],
     ),
+    "activations_adam": dict(
+        input=[38, 41, 1], loss="softmax_cross_entropy", classes=2,
+        optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="leaky_relu", alpha=0.2),
+            dict(type="conv2d", filters=4, kernel=3, stride=2, padding="same"),
+            dict(type="tanh"),
+            dict(type="conv2d", filters=3, kernel=3, padding="valid"),
+            dict(type="sigmoid"),
+            dict(type="leaky_relu"),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=2),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
 }
 
 COUNT, BATCH, SEED = 6, 4, 99
@@ -137,13 +154,15 @@ def window(n, k, s, d, padding):
 
 
 def layer_names(layers):
-    prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation",
-                  max_pool2d="max_pooling2d", avg_pool2d="average_pooling2d",
-                  global_avg_pool="global_average_pooling2d", dense="dense")
+    # Keras numbers per name prefix: relu, sigmoid and tanh are all Activation layers.
+    prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation", sigmoid="activation",
+                  tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
+                  avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d", dense="dense")
     counts, names = {}, []
     for l in layers:
-        counts[l["type"]] = counts.get(l["type"], 0) + 1
-        names.append(f"{prefix[l['type']]}_{counts[l['type']]}")
+        p = prefix[l["type"]]
+        counts[p] = counts.get(p, 0) + 1
+        names.append(f"{p}_{counts[p]}")
     return names
 
 
@@ -216,6 +235,12 @@ class Torch:
                                  momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
             elif t == "relu":
                 x = F.relu(x)
+            elif t == "leaky_relu":
+                x = F.leaky_relu(x, negative_slope=l.get("alpha", 0.3))
+            elif t == "sigmoid":
+                x = torch.sigmoid(x)
+            elif t == "tanh":
+                x = torch.tanh(x)
             elif t in ("max_pool2d", "avg_pool2d"):
                 k = l.get("pool", 2)
                 s = l.get("stride", k)

@@ -390,6 +390,38 @@ TEST(ElementwiseCpu, ReluGradientCheck) {
   EXPECT_EQ(d[0], 0.0);
 }
 
+// leaky_relu, sigmoid, tanh: forward against the definition, backward (from the output)
+// against central differences of the forward.
+TEST(ElementwiseCpu, ActivationsGradientCheck) {
+  struct Case {
+    Activation f;
+    double alpha;
+    double (*ref)(double x, double alpha);
+  };
+  const Case cases[] = {
+      {Activation::LeakyReLU, 0.2, [](double x, double a) { return x > 0 ? x : a * x; }},
+      {Activation::LeakyReLU, 0.0, [](double x, double a) { return x > 0 ? x : a * x; }},
+      {Activation::Sigmoid, 0, [](double x, double) { return 1 / (1 + std::exp(-x)); }},
+      {Activation::Tanh, 0, [](double x, double) { return std::tanh(x); }},
+  };
+  for (const Case& c : cases) {
+    std::mt19937_64 rng(9);
+    Vec x = random_vec(60, rng), r = random_vec(60, rng), y(60), dx(60, 1e3);
+    for (auto& v : x) v = 4 * v + (v > 0 ? 0.1 : -0.1);  // both tails, away from the kink
+    x[0] = -40;  // sigmoid's exp must not overflow
+    activation_forward<double>(c.f, c.alpha, x.size(), x.data(), y.data());
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y[i], c.ref(x[i], c.alpha), 1e-15) << int(c.f) << " " << x[i];
+    activation_backward<double>(c.f, c.alpha, x.size(), y.data(), r.data(), dx.data());
+    check_grad("activation dx", x, dx, [&] {
+      activation_forward<double>(c.f, c.alpha, x.size(), x.data(), y.data());
+      return dotv(y, r);
+    });
+  }
+  Vec zero = {0.0}, g = {5.0}, d = {1.0};  // torch: leaky_relu's slope at 0 is alpha
+  activation_backward<double>(Activation::LeakyReLU, 0.25, 1, zero.data(), g.data(), d.data());
+  EXPECT_EQ(d[0], 1.25);
+}
+
 TEST(ElementwiseCpu, GlobalAvgGradientCheck) {
   std::mt19937_64 rng(9);
   const int n = 2, c = 3;

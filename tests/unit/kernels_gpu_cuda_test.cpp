@@ -119,6 +119,18 @@ TEST_F(CudaBackendTest, MemoryMovementAndElementwise) {
   gpu_->relu_backward(a.size(), y, dev(b), dx);
   EXPECT_EQ(host(y, a.size()), ry);
   EXPECT_EQ(host(dx, a.size()), rdx);
+
+  for (ht::Activation f : {ht::Activation::LeakyReLU, ht::Activation::Sigmoid, ht::Activation::Tanh}) {
+    cpu::activation_forward(f, 0.2, a.size(), a.data(), ry.data());
+    cpu::activation_backward(f, 0.2, a.size(), ry.data(), b.data(), rdx.data());
+    gpu_->activation_forward(f, 0.2f, a.size(), dev(a), y);
+    gpu_->activation_backward(f, 0.2f, a.size(), y, dev(b), dx);
+    const Vec gy = host(y, a.size()), gdx = host(dx, a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_NEAR(gy[i], ry[i], 1e-6 + 1e-5 * std::fabs(ry[i])) << "activation " << int(f) << " y[" << i << "]";
+      ASSERT_NEAR(gdx[i], rdx[i], 1e-6 + 1e-5 * std::fabs(rdx[i])) << "activation " << int(f) << " dx[" << i << "]";
+    }
+  }
 }
 
 TEST_F(CudaBackendTest, PackUnpackRect) {

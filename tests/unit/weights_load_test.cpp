@@ -106,6 +106,13 @@ class StandInDevice final : public ComputeBackend {
     cpu_->bn_backward_apply(n, c, hw, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
   }
   void relu_forward(size_t count, const float* x, float* y) override { cpu_->relu_forward(count, x, y); }
+  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override {
+    cpu_->activation_forward(f, alpha, count, x, y);
+  }
+  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                           float* dx) override {
+    cpu_->activation_backward(f, alpha, count, y, dy, dx);
+  }
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override {
     cpu_->relu_backward(count, y, dy, dx);
   }

@@ -285,6 +285,17 @@ void CudaBackend::relu_backward(size_t count, const float* y, const float* dy, f
   launch_relu_backward(count, y, dy, dx);
 }
 
+void CudaBackend::activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) {
+  bind();
+  launch_activation_forward(f, alpha, count, x, y);
+}
+
+void CudaBackend::activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                                      float* dx) {
+  bind();
+  launch_activation_backward(f, alpha, count, y, dy, dx);
+}
+
 void CudaBackend::global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) {
   bind();
   const int planes = n * c, blocks = reduce_blocks(hw);

@@ -74,6 +74,9 @@ class CudaBackend final : public ComputeBackend {
 
   void relu_forward(size_t count, const float* x, float* y) override;
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override;
+  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override;
+  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
+                           float* dx) override;
   void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
   void dense_forward(int n, int in, int out, const float* x, const float* w, const float* b,
