@@ -16,7 +16,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "orchestrator/memory_model.hpp"
+#include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"
 #include "worker/inference.hpp"

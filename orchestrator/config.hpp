@@ -61,7 +61,7 @@ struct LayerConfig {
   bool flag(std::string_view key) const;
   const Padding& padding(std::string_view key) const;
   const LayerValue* find(std::string_view key) const;
-  void set(const std::string& key, LayerValue value);  // replaces the key's value, or adds it
+  void set(const std::string& key, LayerValue value);  // replaces the value of one of its keys
 };
 
 struct SynthesizeConfig {

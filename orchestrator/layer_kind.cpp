@@ -6,15 +6,46 @@
 
 namespace ht {
 
-std::vector<LayerKind> builtin_layer_kinds();  // layer_kinds.cpp
-
 namespace {
+
+bool holds_type(const LayerValue& v, KeyType t) {
+  switch (t) {
+    case KeyType::Int: return std::holds_alternative<int64_t>(v);
+    case KeyType::Bool: return std::holds_alternative<bool>(v);
+    case KeyType::Padding: return std::holds_alternative<Padding>(v);
+    default: return std::holds_alternative<double>(v);
+  }
+}
+
+// A description the readers can rely on: a shape function, unique keys other than type
+// and name, defaults of the key's type, a default_key naming an earlier key of that type.
+void check_kind(const LayerKind& k) {
+  auto fail = [&](const std::string& why) { throw std::logic_error("layer kind '" + k.type + "': " + why); };
+  if (k.type.empty() || k.keras_prefix.empty()) fail("needs a type and a Keras name prefix");
+  if (!k.shape) fail("has no shape function");
+  for (size_t i = 0; i < k.keys.size(); ++i) {
+    const LayerKey& key = k.keys[i];
+    if (key.name == "type" || key.name == "name") fail("key '" + key.name + "' is every layer's");
+    size_t earlier = i;
+    for (size_t j = 0; j < i; ++j) {
+      if (k.keys[j].name == key.name) fail("key '" + key.name + "' is listed twice");
+      if (k.keys[j].name == key.default_key) earlier = j;
+    }
+    if (key.default_value && !holds_type(*key.default_value, key.type))
+      fail("the default of '" + key.name + "' is not of its type");
+    if (!key.default_key.empty() && (earlier == i || k.keys[earlier].type != key.type))
+      fail("'" + key.name + "' defaults to '" + key.default_key + "', which is not an earlier key of its type");
+  }
+}
 
 // Kinds live here for the whole process: LayerConfig points at them.
 std::deque<LayerKind>& table() {
   static std::deque<LayerKind> kinds = [] {
     std::deque<LayerKind> d;
-    for (LayerKind& k : builtin_layer_kinds()) d.push_back(std::move(k));
+    for (LayerKind& k : builtin_layer_kinds()) {
+      check_kind(k);
+      d.push_back(std::move(k));
+    }
     return d;
   }();
   return kinds;
@@ -29,7 +60,9 @@ const T& value_of(const LayerConfig& l, std::string_view key) {
   return std::get<T>(*v);
 }
 
-std::string value_text(const LayerValue& v) {
+}  // namespace
+
+std::string describe_value(const LayerValue& v) {
   struct Text {
     std::string operator()(int64_t i) const { return std::to_string(i); }
     std::string operator()(double d) const { return fmt::format("{}", d); }
@@ -40,8 +73,6 @@ std::string value_text(const LayerValue& v) {
   };
   return std::visit(Text{}, v);
 }
-
-}  // namespace
 
 const std::string& LayerConfig::type() const { return kind->type; }
 
@@ -62,7 +93,7 @@ void LayerConfig::set(const std::string& key, LayerValue value) {
       v = std::move(value);
       return;
     }
-  values.emplace_back(key, std::move(value));
+  throw std::logic_error(fmt::format("layer '{}' ({}) has no key '{}'", name, kind ? type() : "?", key));
 }
 
 std::vector<const LayerKind*> layer_kinds() {
@@ -79,7 +110,7 @@ const LayerKind* find_layer_kind(const std::string& type) {
 
 const LayerKind& register_layer_kind(LayerKind kind) {
   if (find_layer_kind(kind.type)) throw std::logic_error("layer kind '" + kind.type + "' is registered twice");
-  if (!kind.shape) throw std::logic_error("layer kind '" + kind.type + "' has no shape function");
+  check_kind(kind);
   table().push_back(std::move(kind));
   return table().back();
 }
@@ -108,7 +139,8 @@ LayerConfig make_layer_config(const std::string& type, const std::vector<std::pa
 
 std::string describe_values(const LayerConfig& layer) {
   std::string text;
-  for (const auto& [key, value] : layer.values) text += fmt::format("{}{}={}", text.empty() ? "" : " ", key, value_text(value));
+  for (const auto& [key, value] : layer.values)
+    text += fmt::format("{}{}={}", text.empty() ? "" : " ", key, describe_value(value));
   return text;
 }
 

@@ -19,7 +19,7 @@ namespace ht {
 // How one key of a layer is read and checked.
 enum class KeyType {
   Int,       // an integer >= LayerKey::min
-  Unit,      // a number in [0, 1]
+  Unit,      // a number in [0, 1)
   Positive,  // a number > 0
   NonNegative,  // a number >= 0
   Bool,
@@ -32,6 +32,9 @@ struct LayerKey {
   std::optional<LayerValue> default_value;  // none and no default_key: the key is required
   std::string default_key;                  // the default is this (earlier) key's value
   int64_t min = 1;                          // KeyType::Int
+  // Whether a change of it is a change of the model, which resume refuses (the model
+  // hash); batch norm's momentum and epsilon may change on resume.
+  bool in_model_hash = true;
 };
 
 // Where a layer may sit: on the sharded feature map, on the per-image vector after the
@@ -76,20 +79,25 @@ struct LayerKind {
   std::function<void(LayerSpec& layer)> shape;
 };
 
+// The built-in kinds (layer_kinds.cpp), which the table starts with.
+std::vector<LayerKind> builtin_layer_kinds();
+
 // Every kind, the built-in ones first, in the order they were registered.
 std::vector<const LayerKind*> layer_kinds();
 const LayerKind* find_layer_kind(const std::string& type);  // nullptr when there is none
-// Adds a kind; std::logic_error when its type is taken. Not thread-safe: register before
-// anything reads the table.
+// Adds a kind; std::logic_error when its type is taken or the description is not
+// consistent (keys, defaults). Not thread-safe: register before anything reads the table.
 const LayerKind& register_layer_kind(LayerKind kind);
 
 // A layer of `type` with the given values and every other key at its default (code and
 // tests; configs are read by load_config). std::logic_error on an unknown type or key or a
 // required key left out.
-LayerConfig make_layer_config(const std::string& type, const std::vector<std::pair<std::string, LayerValue>>& values = {});
+LayerConfig make_layer_config(const std::string& type,
+                              const std::vector<std::pair<std::string, LayerValue>>& values = {});
 
-// "filters=16 kernel=3 stride=1 padding=same ..." : every key and value (the model hash).
+// "filters=16 kernel=3 stride=1 padding=same ..." : every key and value.
 std::string describe_values(const LayerConfig& layer);
+std::string describe_value(const LayerValue& value);  // "16", "same", "true", "0.3"
 
 // Window geometry for the window kinds (make_window along both axes); throws
 // LayerShapeError when the window does not fit the input.

@@ -61,6 +61,7 @@ LayerKind pool2d(const char* type, const char* keras_class, const char* keras_pr
 LayerKind batch_norm() {
   LayerKind k{"batch_norm", "BatchNormalization", "batch_normalization", {}, {}, {}};
   k.keys = {with_default("momentum", KeyType::Unit, 0.99), with_default("epsilon", KeyType::Positive, 1e-3)};
+  for (LayerKey& key : k.keys) key.in_model_hash = false;  // as before layer kinds: may change on resume
   k.traits.input = LayerInput::FeatureMap;
   k.shape = [](LayerSpec& l) {
     if (!l.spatial)

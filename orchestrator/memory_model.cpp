@@ -1,7 +1,5 @@
 #include "orchestrator/memory_model.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
@@ -61,7 +59,6 @@ int local_batch(const Config& config, int groups) {
 }
 
 int local_batch(const Config& config, const ShardPlan& plan) { return local_batch(config, plan.groups); }
-
 
 int node_of(const Config& config, int rank) { return rank / std::max(config.parallel.devices_per_node, 1); }
 int local_device_of(const Config& config, int rank) {
@@ -205,7 +202,7 @@ class StepReplay {
     return ext;
   }
 
-  // The CUDA backend's conv scratch (kernels/cuda/cudnn_conv.cpp), shared by all convs:
+  // The CUDA backend's conv scratch (worker/cuda/cudnn_conv.cpp), shared by all convs:
   // the cuDNN workspace (counted at its limit from the first conv on), and the zeroed
   // copy of the input that turns asymmetric padding into cuDNN's symmetric one, which
   // grows to the largest such input.

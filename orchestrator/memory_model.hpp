@@ -1,5 +1,6 @@
-// MemoryModel: bytes per device predicted from the shard plan, halo traffic per step, and
-// the choice of grid for `parallel.grid: auto`. Pure: no device, no MPI, no data.
+// MemoryModel: bytes per device predicted from the shard plan under given activation
+// policies, and halo traffic per step (the grid search is plan.hpp's). Pure: no device, no
+// MPI, no data.
 //
 // The peak is found by replaying one training step's allocations and frees in the order
 // the worker makes them (worker/trainer.cpp, worker/layers.cpp, worker/halo_exchange.cpp),
@@ -10,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 

@@ -107,11 +107,14 @@ ModelSpec build_model_spec(const Config& config) {
     l.cols = make_window(shape.w, 1, 1, 1, Padding{});
     try {
       l.kind().shape(l);
+      // The built-in kinds say this in their own words; a kind whose shape does not check
+      // where it sits gets these.
       const LayerInput where_it_sits = l.kind().traits.input;
       if (where_it_sits == LayerInput::FeatureMap && !spatial)
         throw LayerShapeError("needs a feature map input, but it comes after the global pool");
       if (where_it_sits == LayerInput::Vector && spatial)
-        throw LayerShapeError(fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
+        throw LayerShapeError(
+            fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
     } catch (const LayerShapeError& e) {
       throw ConfigError(fmt::format("{}: {}", where(config, l.config, i), e.what()));
     }

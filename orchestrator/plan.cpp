@@ -148,7 +148,6 @@ GridShape choose_grid(const Config& config, const ModelSpec& model, int groups) 
       res.min_grid.cols));
 }
 
-
 GridShape plan_grid(const Config& config, const ModelSpec& model, int groups) {
   if (config.parallel.grid_auto) return choose_grid(config, model, groups);
   return {config.parallel.grid_rows, config.parallel.grid_cols};

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <vector>
 
-
 namespace ht {
 
 namespace {

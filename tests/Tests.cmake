@@ -49,7 +49,8 @@ set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)
 
 # The halotrain CLI with the test tree's layer kinds (tests/common/test_layers.cpp) added
 # through the registry: `test_leak` leaks host memory per step, as a leaking library would.
-add_executable(halotrain_test_layers ${PROJECT_SOURCE_DIR}/cli/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/common/test_layers.cpp)
+add_executable(halotrain_test_layers ${PROJECT_SOURCE_DIR}/cli/main.cpp
+               ${CMAKE_CURRENT_SOURCE_DIR}/common/test_layers.cpp)
 target_link_libraries(halotrain_test_layers PRIVATE halotrain_worker halotrain_orchestrator)
 
 # Checkpoint exactness, recycling and robustness through the real binary.

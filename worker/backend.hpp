@@ -140,7 +140,7 @@ class BackendUnavailable : public ConfigError {
 // Creates the backend; throws BackendUnavailable when the CUDA backend cannot run here.
 std::unique_ptr<ComputeBackend> make_backend(const BackendOptions& options);
 
-// Defined in kernels/cuda when built with CUDA; the worker's stub throws otherwise.
+// Defined in worker/cuda when built with CUDA; the worker's stub throws otherwise.
 std::unique_ptr<ComputeBackend> make_cuda_backend(const BackendOptions& options);
 
 // How code outside a backend (the threads comm) moves its memory: `copy` goes between host
@@ -152,12 +152,12 @@ inline void host_memory_copy(void* dst, const void* src, size_t bytes) {
 struct MemoryOps {
   void (*copy)(void* dst, const void* src, size_t bytes) = &host_memory_copy;
 };
-// kernels/cuda: cudaMemcpy with cudaMemcpyDefault (unified addressing). The stub throws
+// worker/cuda: cudaMemcpy with cudaMemcpyDefault (unified addressing). The stub throws
 // BackendUnavailable "built without CUDA".
 MemoryOps cuda_memory_ops();
 inline MemoryOps memory_ops(Backend kind) { return kind == Backend::CUDA ? cuda_memory_ops() : MemoryOps{}; }
 
-// kernels/cuda: the comm over every rank of MPI_COMM_WORLD on `backend`'s GPU (NCCL,
+// worker/cuda: the comm over every rank of MPI_COMM_WORLD on `backend`'s GPU (NCCL,
 // bootstrapped over MPI; collective). Its staging buffers come from the backend's
 // allocator: destroy it before the backend. The stub throws "built without CUDA".
 std::unique_ptr<Comm> make_nccl_world_comm(ComputeBackend& backend);

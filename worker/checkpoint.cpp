@@ -29,9 +29,14 @@ std::string hash_prefix(const ModelSpec& model) {
   return fmt::format("input {} {} {}; loss {};", model.input.h, model.input.w, model.input.c, to_string(model.loss));
 }
 
-// The hash of checkpoints written before layer kinds described themselves: fixed fields,
-// at the defaults of the kinds that lack them. Read so those checkpoints still resume.
-std::string fixed_field_model_hash(const ModelSpec& model) {
+}  // namespace
+
+// The text is format 1's (fixed fields, at the defaults of the kinds that lack them), so a
+// model of the built-in kinds keeps its hash across versions in both directions; the keys
+// of other kinds that are part of the model follow as key=value.
+std::string model_hash(const ModelSpec& model) {
+  static const std::vector<std::string> kFixed = {"filters", "kernel", "stride", "dilation",
+                                                  "padding", "bias",   "pool",   "units"};
   std::string text = hash_prefix(model);
   for (const LayerSpec& l : model.layers) {
     const LayerConfig& c = l.config;
@@ -43,24 +48,15 @@ std::string fixed_field_model_hash(const ModelSpec& model) {
     };
     const LayerValue* p = c.find("padding");
     const Padding pad = p && std::holds_alternative<Padding>(*p) ? std::get<Padding>(*p) : Padding{};
-    text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{};", c.type(), c.name, get("filters", 0),
+    text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{}", c.type(), c.name, get("filters", 0),
                         get("kernel", 1), get("stride", 1), get("dilation", 1), to_string(pad.mode), pad.value,
                         get("bias", 1) != 0, get("pool", 2), get("units", 0));
+    for (const LayerKey& key : l.kind().keys)
+      if (key.in_model_hash && std::find(kFixed.begin(), kFixed.end(), key.name) == kFixed.end())
+        text += fmt::format(" {}={}", key.name, describe_value(*c.find(key.name)));
+    text += ";";
   }
   return fnv1a(text);
-}
-
-}  // namespace
-
-std::string model_hash(const ModelSpec& model) {
-  std::string text = hash_prefix(model);
-  for (const LayerSpec& l : model.layers)
-    text += fmt::format(" {} {} {};", l.config.type(), l.config.name, describe_values(l.config));
-  return fnv1a(text);
-}
-
-bool model_hash_matches(const std::string& stored, const ModelSpec& model) {
-  return stored == model_hash(model) || stored == fixed_field_model_hash(model);
 }
 
 namespace {
@@ -276,7 +272,7 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
   KerasWeightsFile file(path);
   const HalotrainState state = file.read_state();
   const std::string hash = model_hash(model);
-  if (!model_hash_matches(state.model_hash, model))
+  if (state.model_hash != hash)
     throw ConfigError(fmt::format(
         "checkpoint {} was written for another model (model hash {}, this config's is {}): the layers and "
         "model.input cannot change on resume; set checkpoint.resume: never or use a new run_dir",

@@ -60,10 +60,7 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params);
 
 // A short hex digest of the model part of the config (input, loss, every layer's type,
-// name and values).
+// name and the values that are part of the model: LayerKey::in_model_hash).
 std::string model_hash(const ModelSpec& model);
-// Whether a checkpoint's stored hash is this model's (also as checkpoints written before
-// the hash covered every value of every layer computed it).
-bool model_hash_matches(const std::string& stored, const ModelSpec& model);
 
 }  // namespace ht

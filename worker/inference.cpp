@@ -44,7 +44,7 @@ std::string choose_checkpoint(const Config& config, const ModelSpec& model, cons
       throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
   }
   const std::string hash = KerasWeightsFile(path).read_state().model_hash;
-  if (!model_hash_matches(hash, model))
+  if (hash != model_hash(model))
     throw ConfigError(fmt::format("--checkpoint {} was written for another model (model hash {}, {}'s is {}): its "
                                   "layers or model.input differ",
                                   path, hash, config.source_path, model_hash(model)));

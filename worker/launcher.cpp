@@ -7,8 +7,6 @@
 #include <thread>
 
 #include "orchestrator/files.hpp"
-#include "orchestrator/memory_model.hpp"
-#include "orchestrator/plan_report.hpp"
 #include "worker/local_comm.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"

@@ -5,8 +5,8 @@
 
 #include <functional>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "orchestrator/memory_model.hpp"

@@ -8,6 +8,7 @@
 
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "report/report.hpp"
 

@@ -13,7 +13,6 @@
 #include <functional>
 #include <optional>
 
-#include "orchestrator/activation_plan.hpp"
 #include "worker/log.hpp"
 #include "worker/run_report.hpp"
 #include "worker/signals.hpp"

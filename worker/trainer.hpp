@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
 #include "worker/batch.hpp"

@@ -292,14 +292,17 @@ std::vector<LayerConfig> random_layers(std::mt19937& rng, int h, int w) {
       }
       case 2:
       case 3: {
+        // The draws in the order they always had: type, stride, then padding.
         const int size = 2 + int(rng() % 2);
-        l = pool(rng() % 2 ? "max_pool2d" : "avg_pool2d", size, 1 + int(rng() % size), random_padding(rng, size / 2));
+        const char* type = rng() % 2 ? "max_pool2d" : "avg_pool2d";
+        const int stride = 1 + int(rng() % size);
+        l = pool(type, size, stride, random_padding(rng, size / 2));
         break;
       }
       case 4: l = simple("batch_norm"); break;
       default: l = simple("relu"); break;
     }
-    if (l.type() != "batch_norm" && l.type() != "relu") {
+    if (l.kind->traits.windowed) {
       const bool is_conv = l.type() == "conv2d";
       const int k = l.integer(is_conv ? "kernel" : "pool"), stride = l.integer("stride");
       const int dilation = is_conv ? l.integer("dilation") : 1;

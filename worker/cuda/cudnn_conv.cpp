@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
-#include "worker/cuda/cuda_backend.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "worker/cuda/cuda_backend.hpp"
 
 static_assert(CUDNN_MAJOR >= 8, "halotrain needs cuDNN 8 or 9 (legacy convolution API, FMA math mode)");
 

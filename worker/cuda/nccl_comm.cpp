@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/launch.hpp"
 #include "worker/cuda/cuda_allocator.hpp"
 #include "worker/cuda/cuda_backend.hpp"
-#include "kernels/cuda/launch.hpp"
 
 namespace ht::cuda {
 namespace {
