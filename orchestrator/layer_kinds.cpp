@@ -94,12 +94,12 @@ LayerKind leaky_relu() {
   return k;
 }
 
-LayerKind global_avg_pool() {
-  LayerKind k{"global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d", {}, {}, {}};
+LayerKind global_pool(const char* type, const char* keras_class, const char* keras_prefix) {
+  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.traits.input = LayerInput::FeatureMap;
   k.traits.global_pool = true;
   k.shape = [](LayerSpec& l) {
-    if (!l.spatial) throw LayerShapeError("a second global_avg_pool has no spatial input");
+    if (!l.spatial) throw LayerShapeError("a second " + l.config.type() + " has no spatial input");
     l.out = {l.in.c, 1, 1};
     l.flops_per_image = l.in.elements();
   };
@@ -134,11 +134,12 @@ std::vector<LayerKind> builtin_layer_kinds() {
   kinds.push_back(elementwise("relu", "Activation", "activation"));
   kinds.push_back(pool2d("max_pool2d", "MaxPooling2D", "max_pooling2d", WindowUse::InputGradient));
   kinds.push_back(pool2d("avg_pool2d", "AveragePooling2D", "average_pooling2d", WindowUse::None));
-  kinds.push_back(global_avg_pool());
+  kinds.push_back(global_pool("global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d"));
   kinds.push_back(dense());
   kinds.push_back(leaky_relu());
   kinds.push_back(elementwise("sigmoid", "Activation", "activation"));
   kinds.push_back(elementwise("tanh", "Activation", "activation"));
+  kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
   return kinds;
 }
 

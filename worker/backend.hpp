@@ -101,6 +101,12 @@ class ComputeBackend {
   virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
   virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
                                    float* dx) = 0;
+  // Global max pooling of this shard (kernels/cpu/elementwise.hpp): host arrays of n*c.
+  virtual void global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) = 0;
+  virtual void global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                                double* host_counts) = 0;
+  virtual void global_max_backward(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                                   const double* host_grads, float* dx) = 0;
   virtual void dense_forward(int n, int in, int out, const float* x, const float* w,
                              const float* b, float* y) = 0;
   virtual void dense_backward(int n, int in, int out, const float* x, const float* w,

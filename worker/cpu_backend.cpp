@@ -149,6 +149,16 @@ class CpuBackend : public ComputeBackend {
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override {
     cpu::global_avg_backward(n, c, hw, dy, scale, dx);
   }
+  void global_max(int n, int c, int64_t hw, const float* x, double* maxes) override {
+    cpu::global_max(n, c, hw, x, maxes);
+  }
+  void global_max_count(int n, int c, int64_t hw, const float* x, const double* maxes, double* counts) override {
+    cpu::global_max_count(n, c, hw, x, maxes, counts);
+  }
+  void global_max_backward(int n, int c, int64_t hw, const float* x, const double* maxes, const double* grads,
+                           float* dx) override {
+    cpu::global_max_backward(n, c, hw, x, maxes, grads, dx);
+  }
   void dense_forward(int n, int in, int out, const float* x, const float* w, const float* b,
                      float* y) override {
     cpu::dense_forward(n, in, out, x, w, b, y);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "orchestrator/layer_kind.hpp"
@@ -389,6 +390,50 @@ class GlobalAvgPoolLayer : public Layer {
   }
 };
 
+// Max over the whole image: every shard's maxima are gathered over the sample group (each
+// writes its slot of a zeroed array that is then summed), and the gradient goes to every
+// element equal to the global max, shared among the ties of all shards.
+class GlobalMaxPoolLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
+    const size_t planes = size_t(x.n()) * x.c();
+    const int64_t hw = int64_t(x.h()) * x.w();
+    const int shards = ctx_.group.size(), me = ctx_.group.rank();
+    std::vector<double> mine(planes), all(planes * size_t(shards), 0.0);
+    ctx_.backend.global_max(x.n(), x.c(), hw, x.data(), mine.data());
+    std::copy(mine.begin(), mine.end(), all.begin() + size_t(me) * planes);
+    ctx_.group.allreduce_sum_host(all.data(), all.size());
+    max_.assign(planes, -std::numeric_limits<double>::infinity());
+    for (int s = 0; s < shards; ++s)
+      for (size_t p = 0; p < planes; ++p) max_[p] = std::max(max_[p], all[size_t(s) * planes + p]);
+    ties_.assign(planes, 0.0);
+    ctx_.backend.global_max_count(x.n(), x.c(), hw, x.data(), max_.data(), ties_.data());
+    ctx_.group.allreduce_sum_host(ties_.data(), ties_.size());
+    std::vector<float> out(max_.begin(), max_.end());
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "output of " + label());
+    ctx_.backend.from_host(y.data(), out.data(), out.size() * sizeof(float));
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (!need_dx) return dx;
+    std::vector<float> g(max_.size());
+    ctx_.backend.to_host(g.data(), dy.data(), g.size() * sizeof(float));
+    std::vector<double> grads(g.size());
+    for (size_t p = 0; p < g.size(); ++p) grads[p] = double(g[p]) / std::max(ties_[p], 1.0);
+    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    ctx_.backend.global_max_backward(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), max_.data(), grads.data(),
+                                     dx.data());
+    return dx;
+  }
+
+ private:
+  std::vector<double> max_, ties_;  // per (image, channel), over the whole image
+};
+
 // Replicated on every shard of a group (its input is the all-reduced global pool); only
 // the group leader contributes its weight gradient, so the all-reduce counts it once.
 class DenseLayer : public Layer {
@@ -445,6 +490,7 @@ std::map<std::string, LayerFactory>& kernels() {
       {"leaky_relu", activation_factory(Activation::LeakyReLU)},
       {"sigmoid", activation_factory(Activation::Sigmoid)},
       {"tanh", activation_factory(Activation::Tanh)},
+      {"global_max_pool", factory<GlobalMaxPoolLayer>()},
   };
   return table;
 }

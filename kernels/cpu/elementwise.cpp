@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -88,6 +89,42 @@ void global_avg_sum(int n, int c, long hw, const T* x, double* sums) {
 }
 
 template <class T>
+void global_max(int n, int c, long hw, const T* x, double* maxes) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
+  for (long p = 0; p < planes; ++p) {
+    const T* xp = x + size_t(p) * hw;
+    T m = -std::numeric_limits<T>::infinity();
+    for (long i = 0; i < hw; ++i) m = xp[i] > m ? xp[i] : m;
+    maxes[p] = double(m);
+  }
+}
+
+template <class T>
+void global_max_count(int n, int c, long hw, const T* x, const double* maxes, double* counts) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
+  for (long p = 0; p < planes; ++p) {
+    const T* xp = x + size_t(p) * hw;
+    long k = 0;
+    for (long i = 0; i < hw; ++i) k += double(xp[i]) == maxes[p];
+    counts[p] = double(k);
+  }
+}
+
+template <class T>
+void global_max_backward(int n, int c, long hw, const T* x, const double* maxes, const double* grads, T* dx) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
+  for (long p = 0; p < planes; ++p) {
+    const T* xp = x + size_t(p) * hw;
+    T* out = dx + size_t(p) * hw;
+    const T g = T(grads[p]);
+    for (long i = 0; i < hw; ++i) out[i] = double(xp[i]) == maxes[p] ? g : T(0);
+  }
+}
+
+template <class T>
 void global_avg_backward(int n, int c, long hw, const T* dy, double scale, T* dx) {
   const long planes = long(n) * c;
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
@@ -158,6 +195,9 @@ void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int ro
   template void activation_backward<T>(Activation, double, size_t, const T*, const T*, T*); \
   template void global_avg_sum<T>(int, int, long, const T*, double*);                 \
   template void global_avg_backward<T>(int, int, long, const T*, double, T*);         \
+  template void global_max<T>(int, int, long, const T*, double*);                     \
+  template void global_max_count<T>(int, int, long, const T*, const double*, double*); \
+  template void global_max_backward<T>(int, int, long, const T*, const double*, const double*, T*); \
   template void pack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);   \
   template void unpack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*); \
   template void unpack_add_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);

@@ -29,6 +29,17 @@ void global_avg_sum(int n, int c, long hw, const T* x, double* sums);
 template <class T>
 void global_avg_backward(int n, int c, long hw, const T* dy, double scale, T* dx);
 
+// Global max pooling of one shard, plane p < n*c: maxes[p] = max over hw of x[p] (-inf for
+// hw == 0); counts[p] = how many elements equal maxes[p] (the caller's global max, which
+// may be another shard's); dx[p][j] = x[p][j] == maxes[p] ? grads[p] : 0, where grads is
+// dy over the global count (ties share the gradient, as torch's amax and TF's reduce_max).
+template <class T>
+void global_max(int n, int c, long hw, const T* x, double* maxes);
+template <class T>
+void global_max_count(int n, int c, long hw, const T* x, const double* maxes, double* counts);
+template <class T>
+void global_max_backward(int n, int c, long hw, const T* x, const double* maxes, const double* grads, T* dx);
+
 // Rectangle rows [row0, row0+rows) x cols [col0, col0+cols) of every (n, c) plane of a
 // [n][c][h][w] tensor, to/from a packed [n][c][rows][cols] buffer.
 template <class T>

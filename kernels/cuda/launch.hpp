@@ -19,6 +19,12 @@ void launch_add_scaled(float* dst, const float* src, float alpha, size_t count);
 void launch_scale(float* dst, float factor, size_t count);
 void launch_relu_forward(size_t count, const float* x, float* y);
 void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx);
+// Per plane p < planes of hw elements: the max (into out[p], device doubles), the count of
+// elements equal to maxes[p], and dx = x == maxes[p] ? grads[p] : 0.
+void launch_plane_max(int planes, int64_t hw, const float* x, double* out);
+void launch_plane_count_equal(int planes, int64_t hw, const float* x, const double* maxes, double* out);
+void launch_global_max_backward(int planes, int64_t hw, const float* x, const double* maxes, const double* grads,
+                                float* dx);
 void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y);
 void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx);
 // Rectangles of `planes` planes [h, w] <-> packed [planes, rows, cols]. Also used to pad

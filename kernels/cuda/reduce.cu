@@ -50,6 +50,44 @@ struct PlaneSum {
   __device__ void operator()(int s, int64_t e, double* acc) const { acc[0] += x[int64_t(s) * hw + e]; }
 };
 
+// One block per plane: a strided scan, then a tree in shared memory.
+__global__ void plane_max_kernel(int64_t hw, const float* x, double* out) {
+  __shared__ float best[kThreads];
+  const float* xp = x + int64_t(blockIdx.x) * hw;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) m = xp[i] > m ? xp[i] : m;
+  best[threadIdx.x] = m;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s && best[threadIdx.x + s] > best[threadIdx.x]) best[threadIdx.x] = best[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = double(best[0]);
+}
+
+__global__ void plane_count_equal_kernel(int64_t hw, const float* x, const double* maxes, double* out) {
+  __shared__ double count[kThreads];
+  const float* xp = x + int64_t(blockIdx.x) * hw;
+  const double m = maxes[blockIdx.x];
+  double k = 0;
+  for (int64_t i = threadIdx.x; i < hw; i += blockDim.x) k += double(xp[i]) == m ? 1.0 : 0.0;
+  count[threadIdx.x] = k;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) count[threadIdx.x] += count[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = count[0];
+}
+
+__global__ void global_max_backward_kernel(int64_t total, int64_t hw, const float* x, const double* maxes,
+                                           const double* grads, float* dx) {
+  HT_GRID_STRIDE(i, total) {
+    const int64_t p = i / hw;
+    dx[i] = double(x[i]) == maxes[p] ? float(grads[p]) : 0.f;
+  }
+}
+
 __global__ void finish_sums_kernel(int segments, int blocks, const double* partials, float* out) {
   HT_GRID_STRIDE(s, segments) {
     double sum = 0.0;
@@ -79,6 +117,26 @@ void launch_channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const d
 void launch_bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
                              const double* invstd, int blocks, double* partials) {
   segment_reduce<2>(c, int64_t(n) * hw, blocks, BnBackwardSums{c, hw, dy, x, mean, invstd}, partials);
+}
+
+void launch_plane_max(int planes, int64_t hw, const float* x, double* out) {
+  if (planes <= 0) return;
+  plane_max_kernel<<<planes, kThreads>>>(hw, x, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_plane_count_equal(int planes, int64_t hw, const float* x, const double* maxes, double* out) {
+  if (planes <= 0) return;
+  plane_count_equal_kernel<<<planes, kThreads>>>(hw, x, maxes, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_global_max_backward(int planes, int64_t hw, const float* x, const double* maxes, const double* grads,
+                                float* dx) {
+  const int64_t total = int64_t(planes) * hw;
+  if (total <= 0) return;
+  global_max_backward_kernel<<<grid_for(size_t(total)), kThreads>>>(total, hw, x, maxes, grads, dx);
+  CUDA_CHECK_LAUNCH();
 }
 
 void launch_plane_sum(int planes, int64_t hw, const float* x, int blocks, double* partials) {

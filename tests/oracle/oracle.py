@@ -88,7 +88,7 @@ CASES = {
         grids=[[1, 1], [2, 2], [2, 1]],
         mpi=[(2, [1, 2])],
     ),
-    "activations_adam": dict(
+    "activations_max_adam": dict(
         input=[38, 41, 1], loss="softmax_cross_entropy", classes=2,
         optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
         layers=[
@@ -99,7 +99,7 @@ CASES = {
             dict(type="conv2d", filters=3, kernel=3, padding="valid"),
             dict(type="sigmoid"),
             dict(type="leaky_relu"),
-            dict(type="global_avg_pool"),
+            dict(type="global_max_pool"),
             dict(type="dense", units=2),
         ],
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
@@ -157,7 +157,8 @@ def layer_names(layers):
     # Keras numbers per name prefix: relu, sigmoid and tanh are all Activation layers.
     prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation", sigmoid="activation",
                   tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
-                  avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d", dense="dense")
+                  avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
+                  global_max_pool="global_max_pooling2d", dense="dense")
     counts, names = {}, []
     for l in layers:
         p = prefix[l["type"]]
@@ -255,6 +256,8 @@ class Torch:
                     x = total / count
             elif t == "global_avg_pool":
                 x = x.mean(dim=(2, 3))
+            elif t == "global_max_pool":
+                x = x.amax(dim=(2, 3))  # ties share the gradient
             elif t == "dense":
                 x = x @ self.p[(n, "kernel:0")] + self.p[(n, "bias:0")]
         return x

@@ -422,6 +422,37 @@ TEST(ElementwiseCpu, ActivationsGradientCheck) {
   EXPECT_EQ(d[0], 1.25);
 }
 
+// The max of every plane, its ties counted, and the gradient shared among them (torch's
+// amax); off the ties, central differences of the max agree.
+TEST(ElementwiseCpu, GlobalMaxAndItsGradient) {
+  std::mt19937_64 rng(10);
+  const int n = 2, c = 3, hw = 17;
+  Vec x = random_vec(size_t(n) * c * hw, rng), r = random_vec(size_t(n) * c, rng);
+  x[5] = x[9] = 3.0;  // plane 0: a tie at the max
+  std::vector<double> maxes(n * c), counts(n * c), grads(n * c);
+  global_max<double>(n, c, hw, x.data(), maxes.data());
+  global_max_count<double>(n, c, hw, x.data(), maxes.data(), counts.data());
+  for (int p = 0; p < n * c; ++p) {
+    double m = -1e300;
+    for (int i = 0; i < hw; ++i) m = std::max(m, x[size_t(p) * hw + i]);
+    EXPECT_EQ(maxes[p], m) << p;
+    EXPECT_EQ(counts[p], p == 0 ? 2.0 : 1.0) << p;
+    grads[p] = r[p] / counts[p];
+  }
+  Vec dx(x.size(), 1e3);
+  global_max_backward<double>(n, c, hw, x.data(), maxes.data(), grads.data(), dx.data());
+  EXPECT_EQ(dx[5], r[0] / 2);
+  EXPECT_EQ(dx[9], r[0] / 2);
+  Vec untied(x.begin() + hw, x.end()), dx_untied(dx.begin() + hw, dx.end());  // planes 1..5
+  check_grad("global max dx", untied, dx_untied, [&] {
+    std::vector<double> m((n * c) - 1);
+    global_max<double>(1, n * c - 1, hw, untied.data(), m.data());
+    double l = 0;
+    for (int p = 0; p < n * c - 1; ++p) l += m[p] * r[p + 1];
+    return l;
+  });
+}
+
 TEST(ElementwiseCpu, GlobalAvgGradientCheck) {
   std::mt19937_64 rng(9);
   const int n = 2, c = 3;

@@ -306,6 +306,26 @@ TEST_F(CudaBackendTest, BatchNormPiecesMatchReference) {
   expect_close(host(dx, count), rdx, 1e-5, 1e-5, "bn_backward_apply");
 }
 
+TEST_F(CudaBackendTest, GlobalMaxPoolMatchesReference) {
+  const int n = 2, c = 3;
+  const int64_t hw = 1000;
+  Vec x = random_vec(size_t(n) * c * hw, 7);
+  x[10] = x[20] = 9.f;  // a tie in plane 0
+  std::vector<double> rmax(n * c), gmax(n * c), rcount(n * c), gcount(n * c), grads(n * c, 0.5);
+  cpu::global_max(n, c, hw, x.data(), rmax.data());
+  gpu_->global_max(n, c, hw, dev(x), gmax.data());
+  EXPECT_EQ(gmax, rmax);
+  cpu::global_max_count(n, c, hw, x.data(), rmax.data(), rcount.data());
+  gpu_->global_max_count(n, c, hw, dev(x), rmax.data(), gcount.data());
+  EXPECT_EQ(gcount, rcount);
+  EXPECT_EQ(gcount[0], 2.0);
+  Vec rdx(x.size());
+  cpu::global_max_backward(n, c, hw, x.data(), rmax.data(), grads.data(), rdx.data());
+  float* dx = dev_zero(x.size());
+  gpu_->global_max_backward(n, c, hw, dev(x), rmax.data(), grads.data(), dx);
+  EXPECT_EQ(host(dx, x.size()), rdx);
+}
+
 TEST_F(CudaBackendTest, GlobalAveragePoolAndDenseMatchReference) {
   const int n = 3, c = 4;
   const long hw = 97 * 389;

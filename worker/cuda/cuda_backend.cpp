@@ -304,6 +304,32 @@ void CudaBackend::global_avg_sum(int n, int c, int64_t hw, const float* x, doubl
   finish_on_host(part, planes, blocks, host_sums);
 }
 
+void CudaBackend::global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) {
+  bind();
+  const int planes = n * c;
+  double* part = partials_.get_as<double>(size_t(planes));
+  launch_plane_max(planes, hw, x, part);
+  finish_on_host(part, planes, 1, host_maxes);
+}
+
+void CudaBackend::global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                                   double* host_counts) {
+  bind();
+  const int planes = n * c;
+  const auto dev = upload({{host_maxes, size_t(planes)}});
+  double* part = partials_.get_as<double>(size_t(planes));
+  launch_plane_count_equal(planes, hw, x, dev[0], part);
+  finish_on_host(part, planes, 1, host_counts);
+}
+
+void CudaBackend::global_max_backward(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                                      const double* host_grads, float* dx) {
+  bind();
+  const int planes = n * c;
+  const auto dev = upload({{host_maxes, size_t(planes)}, {host_grads, size_t(planes)}});
+  launch_global_max_backward(planes, hw, x, dev[0], dev[1], dx);
+}
+
 void CudaBackend::global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) {
   bind();
   launch_broadcast_planes(n * c, hw, dy, scale, dx);

@@ -79,6 +79,11 @@ class CudaBackend final : public ComputeBackend {
                            float* dx) override;
   void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
+  void global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) override;
+  void global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                        double* host_counts) override;
+  void global_max_backward(int n, int c, int64_t hw, const float* x, const double* host_maxes,
+                           const double* host_grads, float* dx) override;
   void dense_forward(int n, int in, int out, const float* x, const float* w, const float* b,
                      float* y) override;
   void dense_backward(int n, int in, int out, const float* x, const float* w, const float* dy, float* dx,
