@@ -94,6 +94,12 @@ LayerKind leaky_relu() {
   return k;
 }
 
+LayerKind dropout() {
+  LayerKind k = elementwise("dropout", "Dropout", "dropout");
+  k.keys = {{"rate", KeyType::Unit, std::nullopt, "", 1}};
+  return k;
+}
+
 LayerKind global_pool(const char* type, const char* keras_class, const char* keras_prefix) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.traits.input = LayerInput::FeatureMap;
@@ -140,6 +146,7 @@ std::vector<LayerKind> builtin_layer_kinds() {
   kinds.push_back(elementwise("sigmoid", "Activation", "activation"));
   kinds.push_back(elementwise("tanh", "Activation", "activation"));
   kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
+  kinds.push_back(dropout());
   return kinds;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/activation.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/geometry.hpp"
 #include "orchestrator/config.hpp"
 #include "worker/comm.hpp"
@@ -101,6 +102,8 @@ class ComputeBackend {
   virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
   virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
                                    float* dx) = 0;
+  // Dropout's mask applied to [n, c, h, w] (kernels/dropout.hpp).
+  virtual void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) = 0;
   // Global max pooling of this shard (kernels/cpu/elementwise.hpp): host arrays of n*c.
   virtual void global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) = 0;
   virtual void global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,

@@ -149,6 +149,9 @@ class CpuBackend : public ComputeBackend {
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override {
     cpu::global_avg_backward(n, c, hw, dy, scale, dx);
   }
+  void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) override {
+    cpu::dropout_apply(m, n, c, h, w, x, y);
+  }
   void global_max(int n, int c, int64_t hw, const float* x, double* maxes) override {
     cpu::global_max(n, c, hw, x, maxes);
   }

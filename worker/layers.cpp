@@ -390,6 +390,45 @@ class GlobalAvgPoolLayer : public Layer {
   }
 };
 
+// Training only: the elements kernels/dropout.hpp's mask drops are zero, the rest scaled by
+// 1 / (1 - rate); inference is the identity. The backward applies the same mask, made
+// again from the step's position rather than kept.
+class DropoutLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  DropoutMask mask() const {
+    const StepPosition& at = *ctx_.position;
+    const double rate = spec().config.number("rate");
+    const Rect r = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
+    DropoutMask m;
+    m.key = dropout_key(at.seed, index_, at.step);
+    m.first_image = at.first_image;
+    m.row0 = r.rows.lo;
+    m.col0 = r.cols.lo;
+    m.rate = rate;
+    m.scale = float(1.0 / (1.0 - rate));
+    return m;
+  }
+  Tensor apply(const Tensor& x, const std::string& what) {
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), what + " of " + label());
+    ctx_.backend.dropout_apply(mask(), x.n(), x.c(), x.h(), x.w(), x.data(), y.data());
+    return y;
+  }
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
+    if (mode == ForwardMode::Eval || !ctx_.position) {
+      Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
+      ctx_.backend.copy(y.data(), x.data(), x.size());
+      return y;
+    }
+    return apply(x, "output");
+  }
+  Tensor backward_impl(const Tensor&, const Tensor&, const Tensor& dy, bool need_dx) override {
+    return need_dx ? apply(dy, "input gradient") : Tensor();
+  }
+};
+
 // Max over the whole image: every shard's maxima are gathered over the sample group (each
 // writes its slot of a zeroed array that is then summed), and the gradient goes to every
 // element equal to the global max, shared among the ties of all shards.
@@ -491,6 +530,7 @@ std::map<std::string, LayerFactory>& kernels() {
       {"sigmoid", activation_factory(Activation::Sigmoid)},
       {"tanh", activation_factory(Activation::Tanh)},
       {"global_max_pool", factory<GlobalMaxPoolLayer>()},
+      {"dropout", factory<DropoutLayer>()},
   };
   return table;
 }

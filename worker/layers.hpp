@@ -24,6 +24,14 @@ namespace ht {
 // statistics and nothing is kept.
 enum class ForwardMode { Train, Recompute, Eval };
 
+// Where a training forward stands, for layers whose result depends on it (dropout's mask):
+// the trainer sets it before each micro-batch.
+struct StepPosition {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first_image = 0;  // the position of this rank's first image in the step's batch
+};
+
 struct LayerContext {
   const ShardPlan& plan;
   int rank;
@@ -34,6 +42,7 @@ struct LayerContext {
   int local_batch;   // images per (micro-)batch on this rank's group, when training
   int global_batch;  // images per (micro-)batch, all groups: batch-norm statistics
   const LayerPolicies& policies;  // activation policy per layer, the same on every rank
+  const StepPosition* position = nullptr;  // training; null in inference
   bool group_leader() const { return plan.shard_of(rank) == 0; }
 };
 

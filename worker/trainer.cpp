@@ -118,7 +118,8 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
     grad_sum_ = Tensor(a, 1, 1, 1, int(n), "accumulated gradients");
     backend_->fill_zero(grad_sum_.data(), n);
   }
-  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, micro / plan_.groups, micro, policies_};
+  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, micro / plan_.groups, micro, policies_,
+                   &position_};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
 }
@@ -269,6 +270,10 @@ double Trainer::train_step(int64_t step) {
 
 double Trainer::train_micro_batch(int64_t step, int micro) {
   Batch batch = data_->load(step, micro);
+  // Micro-batch m of the step starts at m * B/k, sample group g at g times its share.
+  const int per_micro = config_.training.batch_size / config_.training.accumulate;
+  position_ = {config_.seed, step,
+               int64_t(micro) * per_micro + int64_t(plan_.group_of(rank_)) * (per_micro / plan_.groups)};
   const int L = int(layers_.size());
   StepActivations acts(L);
   acts.device[0] = std::move(batch.images);

@@ -81,6 +81,7 @@ class Trainer {
   BackendOptions backend_options_;
   DeviceWorldFactory make_device_world_;
   const LayerPolicies& policies_;  // job_.policies: the activation policy of each layer
+  StepPosition position_;          // of the micro-batch in flight, for the layers
   // Declared after the backend, so destroyed before it: device comms stage in its memory.
   std::unique_ptr<ComputeBackend> backend_;
   std::unique_ptr<Comm> device_world_;

@@ -89,6 +89,23 @@ void global_avg_sum(int n, int c, long hw, const T* x, double* sums) {
 }
 
 template <class T>
+void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const T* x, T* y) {
+  const long planes = long(n) * c;
+  const size_t hw = size_t(h) * w;
+  const T scale = T(m.scale);
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
+  for (long p = 0; p < planes; ++p) {
+    const T* xp = x + size_t(p) * hw;
+    T* yp = y + size_t(p) * hw;
+    for (int r = 0; r < h; ++r)
+      for (int col = 0; col < w; ++col) {
+        const size_t i = size_t(r) * w + col;
+        yp[i] = dropout_keeps(m, p / c, int(p % c), r, col) ? xp[i] * scale : T(0);
+      }
+  }
+}
+
+template <class T>
 void global_max(int n, int c, long hw, const T* x, double* maxes) {
   const long planes = long(n) * c;
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > kParallelMin)
@@ -196,6 +213,7 @@ void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int ro
   template void global_avg_sum<T>(int, int, long, const T*, double*);                 \
   template void global_avg_backward<T>(int, int, long, const T*, double, T*);         \
   template void global_max<T>(int, int, long, const T*, double*);                     \
+  template void dropout_apply<T>(const DropoutMask&, int, int, int, int, const T*, T*); \
   template void global_max_count<T>(int, int, long, const T*, const double*, double*); \
   template void global_max_backward<T>(int, int, long, const T*, const double*, const double*, T*); \
   template void pack_rect<T>(const T*, int, int, int, int, int, int, int, int, T*);   \

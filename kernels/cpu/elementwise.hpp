@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "kernels/activation.hpp"
+#include "kernels/dropout.hpp"
 
 namespace ht::cpu {
 
@@ -28,6 +29,11 @@ void global_avg_sum(int n, int c, long hw, const T* x, double* sums);
 // dx[i][*] = dy[i] * scale (overwrite), i < n*c; scale is 1/(global H*W).
 template <class T>
 void global_avg_backward(int n, int c, long hw, const T* dy, double scale, T* dx);
+
+// y = x * scale where dropout_keeps(m, ...) else 0, over [n, c, h, w] (forward, and the
+// backward with dy for x).
+template <class T>
+void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const T* x, T* y);
 
 // Global max pooling of one shard, plane p < n*c: maxes[p] = max over hw of x[p] (-inf for
 // hw == 0); counts[p] = how many elements equal maxes[p] (the caller's global max, which

@@ -50,6 +50,13 @@ __global__ void activation_backward_kernel(Activation f, float alpha, size_t cou
   }
 }
 
+__global__ void dropout_kernel(DropoutMask m, int c, int h, int w, size_t count, const float* x, float* y) {
+  HT_GRID_STRIDE(i, count) {
+    const int64_t col = int64_t(i % w), row = int64_t(i / w % h), plane = int64_t(i / (size_t(w) * h));
+    y[i] = dropout_keeps(m, plane / c, int(plane % c), row, col) ? x[i] * m.scale : 0.f;
+  }
+}
+
 __global__ void pack_rect_kernel(const float* src, int planes, int h, int w, int row0, int col0, int rows,
                                  int cols, float* dst) {
   const int64_t total = int64_t(planes) * rows * cols;
@@ -108,6 +115,13 @@ void launch_relu_forward(size_t count, const float* x, float* y) {
 void launch_relu_backward(size_t count, const float* y, const float* dy, float* dx) {
   if (!count) return;
   relu_backward_kernel<<<grid_for(count), kThreads>>>(count, y, dy, dx);
+  CUDA_CHECK_LAUNCH();
+}
+
+void launch_dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) {
+  const size_t count = size_t(n) * c * h * w;
+  if (!count) return;
+  dropout_kernel<<<grid_for(count), kThreads>>>(m, c, h, w, count, x, y);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/activation.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/geometry.hpp"
 
 namespace ht::cuda {
@@ -25,6 +26,7 @@ void launch_plane_max(int planes, int64_t hw, const float* x, double* out);
 void launch_plane_count_equal(int planes, int64_t hw, const float* x, const double* maxes, double* out);
 void launch_global_max_backward(int planes, int64_t hw, const float* x, const double* maxes, const double* grads,
                                 float* dx);
+void launch_dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y);
 void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y);
 void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx);
 // Rectangles of `planes` planes [h, w] <-> packed [planes, rows, cols]. Also used to pad

@@ -97,9 +97,11 @@ CASES = {
             dict(type="conv2d", filters=4, kernel=3, stride=2, padding="same"),
             dict(type="tanh"),
             dict(type="conv2d", filters=3, kernel=3, padding="valid"),
+            dict(type="dropout", rate=0.25),
             dict(type="sigmoid"),
             dict(type="leaky_relu"),
             dict(type="global_max_pool"),
+            dict(type="dropout", rate=0.5),
             dict(type="dense", units=2),
         ],
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
@@ -158,7 +160,7 @@ def layer_names(layers):
     prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation", sigmoid="activation",
                   tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
                   avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
-                  global_max_pool="global_max_pooling2d", dense="dense")
+                  global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense")
     counts, names = {}, []
     for l in layers:
         p = prefix[l["type"]]
@@ -209,6 +211,7 @@ def write_keras_weights(path, case, weights):
 class Torch:
     def __init__(self, case, weights):
         self.case = case
+        self.step = 0  # the training step: dropout's mask depends on it
         self.names = layer_names(case["layers"])
         self.p = {}
         for n, l in zip(self.names, case["layers"]):
@@ -256,6 +259,11 @@ class Torch:
                     x = total / count
             elif t == "global_avg_pool":
                 x = x.mean(dim=(2, 3))
+            elif t == "dropout":
+                rate = l["rate"]
+                if training:
+                    keep = torch.tensor(dropout_mask(tuple(x.shape), self.names.index(n), self.step, rate))
+                    x = x * keep.to(x.dtype) * float(np.float32(1.0 / (1.0 - rate)))
             elif t == "global_max_pool":
                 x = x.amax(dim=(2, 3))  # ties share the gradient
             elif t == "dense":
@@ -267,6 +275,30 @@ class Torch:
         if w == "kernel:0" and t.dim() == 4:
             t = t.permute(2, 3, 1, 0)
         return t.numpy()
+
+
+def mix64(z):
+    """splitmix64's finaliser on uint64 arrays (kernels/dropout.hpp)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def dropout_mask(shape, layer, step, rate):
+    """Kept elements of a [B, C, H, W] tensor (or [B, C]): a function of (seed, layer, step,
+    batch position, channel, pixel of the whole image), as kernels/dropout.hpp."""
+    u = lambda v: np.asarray(v, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        key = mix64(mix64(mix64(u(SEED)) ^ u(layer)) ^ u(step))
+        b, c = shape[0], shape[1]
+        h, w = (shape[2], shape[3]) if len(shape) == 4 else (1, 1)
+        z = mix64(key ^ u(np.arange(b))[:, None, None, None])
+        z = mix64(z ^ u(np.arange(c))[None, :, None, None])
+        z = mix64(z ^ u(np.arange(h))[None, None, :, None])
+        z = mix64(z ^ u(np.arange(w))[None, None, None, :])
+    keep = (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 >= rate
+    return keep.reshape(shape)
 
 
 def loss_of(case, out, labels, masks):
@@ -293,6 +325,7 @@ def reference(case, images, labels, masks, weights):
         y = torch.tensor(labels[idx], dtype=torch.int64) if labels is not None else None
         m = torch.tensor(masks[idx], dtype=torch.float64).permute(0, 3, 1, 2) if masks is not None else None
         opt.zero_grad()
+        model.step = step
         loss = loss_of(case, model.forward(x), y, m)
         loss.backward()
         opt.step()

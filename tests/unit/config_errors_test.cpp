@@ -109,7 +109,7 @@ TEST(ConfigErrors, UnknownLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv3d, filters: 2}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
-            "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool, found 'conv3d'; "
+            "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout, found 'conv3d'; "
             "did you mean 'conv2d'?");
   EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
                   "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");

@@ -453,6 +453,56 @@ TEST(ElementwiseCpu, GlobalMaxAndItsGradient) {
   });
 }
 
+// Dropout's mask: the kept fraction is 1 - rate within 1% over a large tensor, kept values
+// are scaled by 1 / (1 - rate), a shard's part (its offsets in the whole image and the
+// batch) is the same as that part of the whole, and rate 0 is the identity.
+TEST(ElementwiseCpu, DropoutMask) {
+  const int n = 2, c = 4, h = 256, w = 200;
+  std::mt19937_64 rng(11);
+  Vec x = random_vec(size_t(n) * c * h * w, rng), y(x.size());
+  DropoutMask m;
+  m.key = dropout_key(1234, 3, 17);
+  m.rate = 0.3;
+  m.scale = float(1 / (1 - m.rate));
+  dropout_apply<double>(m, n, c, h, w, x.data(), y.data());
+  size_t kept = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (y[i] != 0) {
+      ++kept;
+      ASSERT_EQ(y[i], x[i] * double(m.scale)) << i;
+    }
+  }
+  EXPECT_NEAR(double(kept) / double(x.size()), 1 - m.rate, 0.01);
+  // Image 1, rows [100, 140), cols [50, 90) of every channel, as a shard would hold it.
+  const int sh = 40, sw = 40;
+  Vec part(size_t(c) * sh * sw), part_y(part.size());
+  for (int ch = 0; ch < c; ++ch)
+    for (int r = 0; r < sh; ++r)
+      for (int col = 0; col < sw; ++col)
+        part[(size_t(ch) * sh + r) * sw + col] = x[((size_t(c) + ch) * h + 100 + r) * w + 50 + col];
+  DropoutMask shard = m;
+  shard.first_image = 1;
+  shard.row0 = 100;
+  shard.col0 = 50;
+  dropout_apply<double>(shard, 1, c, sh, sw, part.data(), part_y.data());
+  for (int ch = 0; ch < c; ++ch)
+    for (int r = 0; r < sh; ++r)
+      for (int col = 0; col < sw; ++col)
+        ASSERT_EQ(part_y[(size_t(ch) * sh + r) * sw + col], y[((size_t(c) + ch) * h + 100 + r) * w + 50 + col]);
+  DropoutMask none = m;
+  none.rate = 0;
+  none.scale = 1;
+  dropout_apply<double>(none, n, c, h, w, x.data(), y.data());
+  EXPECT_EQ(y, x);
+  // Another step draws another mask.
+  DropoutMask next = m;
+  next.key = dropout_key(1234, 3, 18);
+  Vec y1(x.size()), y2(x.size());
+  dropout_apply<double>(m, n, c, h, w, x.data(), y1.data());
+  dropout_apply<double>(next, n, c, h, w, x.data(), y2.data());
+  EXPECT_NE(y1, y2);
+}
+
 TEST(ElementwiseCpu, GlobalAvgGradientCheck) {
   std::mt19937_64 rng(9);
   const int n = 2, c = 3;

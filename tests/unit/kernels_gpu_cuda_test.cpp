@@ -306,6 +306,23 @@ TEST_F(CudaBackendTest, BatchNormPiecesMatchReference) {
   expect_close(host(dx, count), rdx, 1e-5, 1e-5, "bn_backward_apply");
 }
 
+TEST_F(CudaBackendTest, DropoutMatchesReference) {
+  const int n = 2, c = 3, h = 37, w = 41;
+  const Vec x = random_vec(size_t(n) * c * h * w, 8);
+  ht::DropoutMask m;
+  m.key = ht::dropout_key(99, 2, 5);
+  m.first_image = 3;
+  m.row0 = 10;
+  m.col0 = 7;
+  m.rate = 0.4;
+  m.scale = float(1 / (1 - m.rate));
+  Vec ref(x.size());
+  cpu::dropout_apply(m, n, c, h, w, x.data(), ref.data());
+  float* y = dev_zero(x.size());
+  gpu_->dropout_apply(m, n, c, h, w, dev(x), y);
+  EXPECT_EQ(host(y, x.size()), ref);
+}
+
 TEST_F(CudaBackendTest, GlobalMaxPoolMatchesReference) {
   const int n = 2, c = 3;
   const int64_t hw = 1000;

@@ -304,6 +304,11 @@ void CudaBackend::global_avg_sum(int n, int c, int64_t hw, const float* x, doubl
   finish_on_host(part, planes, blocks, host_sums);
 }
 
+void CudaBackend::dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) {
+  bind();
+  launch_dropout_apply(m, n, c, h, w, x, y);
+}
+
 void CudaBackend::global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) {
   bind();
   const int planes = n * c;

@@ -79,6 +79,7 @@ class CudaBackend final : public ComputeBackend {
                            float* dx) override;
   void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
+  void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) override;
   void global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) override;
   void global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,
                         double* host_counts) override;
