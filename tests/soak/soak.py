@@ -7,8 +7,14 @@ Checks:
 - after every kill, every ckpt-*.h5 in the run's checkpoints/ verifies its checksum;
 - the final checkpoint of the interrupted run equals an uninterrupted run's bit for bit
   (every dataset and attribute but checksums and the config);
-- the uninterrupted run's RSS does not grow across recycles: the slope of RSS over the
-  second half of the run, in MiB per 1000 steps, is reported and must stay under 8.
+- the uninterrupted run's RSS does not grow across recycles: per recycle window (50 steps)
+  the lowest RSS sampled in it (the sawtooth of one window, checkpoint writes and the
+  allocator's churn sit above it), and the slope of those over the second half of the run,
+  in MiB per 1000 steps, is reported and must stay under 32. The floors of a run without
+  a leak wander by about +-12 MiB from window to window on the 2-core VM (the allocator
+  keeps or returns freed pages as it likes), which puts the slope's own spread near 10 MiB
+  per 1000 steps at 1500 steps: 32 is three of those, and a leak of 1.6 MiB per recycle
+  (every 50 steps) or more fails.
 
 usage: soak.py HALOTRAIN WORKDIR [--steps N] [--kills K] [--seed S]
 (CI runs the short form: 1500 steps, 8 kills; bench/run-all the long one: 2000 steps, 20 kills.)
@@ -27,7 +33,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import checkpoints  # noqa: E402
 from configs import write_config  # noqa: E402
 
-RSS_SLOPE_LIMIT = 8.0  # MiB per 1000 steps
+RSS_SLOPE_LIMIT = 32.0  # MiB per 1000 steps: see the docstring
+RECYCLE_EVERY = 50
 
 
 def config(work, tag, steps):
@@ -44,7 +51,7 @@ def config(work, tag, steps):
         training=dict(batch_size=4, steps=steps, optimizer=dict(type="adam", lr=0.003), log_every=50),
         parallel=dict(backend="cpu", grid=[2, 1], device_memory="1GiB"),
         checkpoint=dict(every_steps=10, keep=3, resume="auto"),
-        recycle=dict(every_steps=50, mode="in_process"),
+        recycle=dict(every_steps=RECYCLE_EVERY, mode="in_process"),
     )
     return write_config(work, tag, cfg, {})
 
@@ -114,11 +121,17 @@ def main():
     ref_seconds = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"the reference run failed (exit {proc.returncode})")
-    late = [(s, r) for s, r in samples if s >= args.steps // 2]
-    rss_slope = slope([s for s, _ in late], [r for _, r in late]) * 1000 if len(late) > 2 else 0.0
+    floors = {}  # recycle window -> its lowest RSS
+    for s, r in samples:
+        if s >= args.steps // 2:
+            w = s // RECYCLE_EVERY
+            floors[w] = min(r, floors.get(w, r))
+    windows = sorted(floors)
+    rss_slope = (slope([(w + 0.5) * RECYCLE_EVERY for w in windows], [floors[w] for w in windows]) * 1000
+                 if len(windows) > 2 else 0.0)
     peak = max((r for _, r in samples), default=0)
     print(f"reference: {args.steps} steps in {ref_seconds:.1f} s, {len(samples)} RSS samples, peak {peak:.1f} MiB, "
-          f"slope over the second half {rss_slope:+.2f} MiB per 1000 steps")
+          f"slope of the per-recycle RSS floor over the second half {rss_slope:+.2f} MiB per 1000 steps")
     if rss_slope > RSS_SLOPE_LIMIT:
         failures.append(f"RSS grows {rss_slope:.2f} MiB per 1000 steps across recycles (limit {RSS_SLOPE_LIMIT})")
 
