@@ -39,6 +39,7 @@ const char* to_string(ScheduleType t);     // "constant", "cosine", "step"
 struct Padding {
   PaddingMode mode = PaddingMode::Valid;
   int value = 0;  // only for Explicit: symmetric pixels on each side
+  bool operator==(const Padding& o) const { return mode == o.mode && value == o.value; }
 };
 
 struct LayerKind;  // orchestrator/layer_kind.hpp: what a layer type is

@@ -137,13 +137,6 @@ LayerConfig make_layer_config(const std::string& type, const std::vector<std::pa
   return l;
 }
 
-std::string describe_values(const LayerConfig& layer) {
-  std::string text;
-  for (const auto& [key, value] : layer.values)
-    text += fmt::format("{}{}={}", text.empty() ? "" : " ", key, describe_value(value));
-  return text;
-}
-
 void set_windows(LayerSpec& l, int kernel, int stride, int dilation, const Padding& padding) {
   l.rows = make_window(l.in.h, kernel, stride, dilation, padding);
   l.cols = make_window(l.in.w, kernel, stride, dilation, padding);

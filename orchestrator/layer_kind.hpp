@@ -95,9 +95,8 @@ const LayerKind& register_layer_kind(LayerKind kind);
 LayerConfig make_layer_config(const std::string& type,
                               const std::vector<std::pair<std::string, LayerValue>>& values = {});
 
-// "filters=16 kernel=3 stride=1 padding=same ..." : every key and value.
-std::string describe_values(const LayerConfig& layer);
-std::string describe_value(const LayerValue& value);  // "16", "same", "true", "0.3"
+// "16", "same", "true", "0.3": a value as the model hash spells it.
+std::string describe_value(const LayerValue& value);
 
 // Window geometry for the window kinds (make_window along both axes); throws
 // LayerShapeError when the window does not fit the input.

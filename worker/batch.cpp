@@ -115,6 +115,7 @@ Batch BatchSource::load(int64_t step, int micro) {
   }
   Batch batch = read(samples, views);
   batch.valid.assign(size_t(b), 1);
+  batch.batch_position = first - step * config_.training.batch_size;
   return batch;
 }
 

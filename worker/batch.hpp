@@ -25,6 +25,7 @@ struct Batch {
   Tensor targets;               // [b, 1, rows, cols] masks, or [b, units, 1, 1] one-hot/values
   std::vector<float> host_targets;  // the same on the host (evaluation computes there)
   std::vector<int64_t> samples; // file indices, for messages
+  int64_t batch_position = 0;   // training: the position of image 0 in its step's batch
   std::vector<char> valid;      // evaluation: 0 for the repeats that fill the last round
 };
 

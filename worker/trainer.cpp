@@ -270,10 +270,7 @@ double Trainer::train_step(int64_t step) {
 
 double Trainer::train_micro_batch(int64_t step, int micro) {
   Batch batch = data_->load(step, micro);
-  // Micro-batch m of the step starts at m * B/k, sample group g at g times its share.
-  const int per_micro = config_.training.batch_size / config_.training.accumulate;
-  position_ = {config_.seed, step,
-               int64_t(micro) * per_micro + int64_t(plan_.group_of(rank_)) * (per_micro / plan_.groups)};
+  position_ = {config_.seed, step, batch.batch_position};
   const int L = int(layers_.size());
   StepActivations acts(L);
   acts.device[0] = std::move(batch.images);

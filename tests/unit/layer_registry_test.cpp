@@ -136,6 +136,19 @@ TEST_F(LayerRegistryTest, ConfigReadsEmitsAndHashesTheNewKind) {
   EXPECT_NE(model_hash(a), model_hash(b));  // the new key is part of the model
   ASSERT_EQ(a.layers[1].weights.size(), 1u);
   EXPECT_EQ(a.layers[1].weights[0].keras_shape, std::vector<int64_t>{3});
+  // Its traits say it needs a feature map; the spec says so, naming it, after the global pool.
+  Config after = c;
+  after.model.layers.insert(after.model.layers.end() - 1, scale);
+  after.model.layers[after.model.layers.size() - 2].name = "late_scale";
+  try {
+    build_model_spec(after);
+    ADD_FAILURE() << "a test_scale after the global pool was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("(test_scale 'late_scale'): needs a feature map input, but it comes after "
+                                         "the global pool"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(LayerRegistryTest, TrainsShardedAsUnshardedWithTheMemoryModelExact) {
