@@ -75,14 +75,14 @@ class StepTimeModel {
         };
         for (HaloPhase ph : {HaloPhase::Rows, HaloPhase::Cols}) {
           for (const HaloRegion& h : plan.sends(l, r, ph)) sends += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
-          // The first layer computes no input gradient: nothing goes back.
-          if (l > 0)
+          // A layer reading the image computes no input gradient: nothing goes back.
+          if (makes_input_gradient(spec))
             for (const HaloRegion& h : plan.receives(l, r, ph))
               receives += seconds(h.peer, tile_bytes(h.rect, spec.in.c, b));
         }
         s.halo += sends + receives;
         s.sends.push_back(sends);                                           // again when recomputed
-        s.regather.push_back(backward_reads_window(spec, l) ? sends : 0.0);  // when not kept
+        s.regather.push_back(backward_reads_window(spec) ? sends : 0.0);  // when not kept
       }
       shards_.push_back(std::move(s));
     }

@@ -38,7 +38,7 @@ std::vector<std::string> layer_type_names() {
 }
 
 std::vector<std::string> layer_keys(const LayerKind& kind) {
-  std::vector<std::string> keys = {"type", "name"};
+  std::vector<std::string> keys = {"type", "name", "inputs"};
   for (const LayerKey& k : kind.keys) keys.push_back(k.name);
   return keys;
 }
@@ -135,6 +135,12 @@ LayerConfig read_layer(const Item& it) {
     l.name = cfg::as_string(n);
     // The name becomes an HDF5 group in checkpoints.
     if (l.name.find('/') != std::string::npos) n.expected("a layer name without '/'");
+    if (l.name == kInputName) n.fail(fmt::format("{}: 'input' names the model's input; choose another name", n.path));
+  }
+  if (Item in = r["inputs"]; in.present) {
+    const char* what = "a list of names of earlier layers (or input), such as [conv2d_1, add_1]";
+    if (!in.node.IsSequence() || in.node.size() == 0) in.expected(what);
+    for (size_t i = 0; i < in.node.size(); ++i) l.inputs.push_back(cfg::as_string(in.element(i)));
   }
   for (const LayerKey& key : l.kind->keys) l.values.emplace_back(key.name, read_layer_value(r, key, l));
   return l;
@@ -168,6 +174,54 @@ void name_layers(const Item& layers_item, std::vector<LayerConfig>& layers) {
   }
 }
 
+// The graph (SPEC section 7): every name in `inputs` is an earlier layer or the input, a
+// layer takes as many inputs as its kind does, and every layer leads to the output.
+void link_layers(const Item& layers_item, const std::vector<LayerConfig>& layers) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < layers.size(); ++i) index.emplace(layers[i].name, i);
+  std::vector<bool> read(layers.size(), false);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerConfig& l = layers[i];
+    const Item item = layers_item.element(i);
+    const std::string self = fmt::format("model.layers[{}] ({} '{}')", i, l.type(), l.name);
+    for (size_t k = 0; k < l.inputs.size(); ++k) {
+      const std::string& name = l.inputs[k];
+      if (name == kInputName) continue;
+      auto it = index.find(name);
+      if (it == index.end()) {
+        std::vector<std::string> earlier = {kInputName};
+        for (size_t j = 0; j < i; ++j) earlier.push_back(layers[j].name);
+        const std::string near = cfg::nearest(name, earlier);
+        item.fail(fmt::format("{}.inputs[{}]: {} reads '{}', which is no layer of the model{}", item.path, k, self,
+                              name, cfg::is_near(name, near) ? fmt::format("; did you mean '{}'?", near) : ""));
+      }
+      if (it->second >= i)
+        item.fail(fmt::format("{}.inputs[{}]: {} reads '{}', which is {} (model.layers[{}]); a layer may only read "
+                              "earlier layers",
+                              item.path, k, self, name, it->second == i ? "itself" : "a later layer", it->second));
+      read[it->second] = true;
+    }
+    if (l.inputs.empty() && i > 0) read[i - 1] = true;
+    const LayerTraits& t = l.kind->traits;
+    const size_t count = l.inputs.empty() ? 1 : l.inputs.size();
+    if (t.min_inputs > 1 && l.inputs.empty())
+      item.fail(fmt::format("{}: {} needs inputs: a list of at least {} layer names", item.path, self, t.min_inputs));
+    if (int(count) < t.min_inputs || (t.max_inputs > 0 && int(count) > t.max_inputs))
+      item.fail(fmt::format("{}.inputs: {} takes {} input{}; found {}", item.path, self,
+                            t.max_inputs == t.min_inputs ? std::to_string(t.min_inputs)
+                                                         : fmt::format("at least {}", t.min_inputs),
+                            t.max_inputs == 1 ? "" : "s", count));
+  }
+  // A layer no later layer reads (the last excepted) leads nowhere: its work would be lost.
+  for (size_t i = 0; i + 1 < layers.size(); ++i)
+    if (!read[i]) {
+      const Item item = layers_item.element(i);
+      item.fail(fmt::format("{}: model.layers[{}] ({} '{}') is read by no later layer, so it does not lead to the "
+                            "model's output (the last layer, '{}'); remove it or name it in a later layer's inputs",
+                            item.path, i, layers[i].type(), layers[i].name, layers.back().name));
+    }
+}
+
 void read_model(const MapReader& root, ModelConfig& m) {
   Item model_item = root["model"];
   if (!model_item.present) model_item.missing("a map with input, layers and loss");
@@ -186,6 +240,7 @@ void read_model(const MapReader& root, ModelConfig& m) {
   if (!layers.node.IsSequence() || layers.node.size() == 0) layers.expected(layers_what);
   for (size_t i = 0; i < layers.node.size(); ++i) m.layers.push_back(read_layer(layers.element(i)));
   name_layers(layers, m.layers);
+  link_layers(layers, m.layers);
 
   m.loss = r.get_choice("loss", LossType::SoftmaxCrossEntropy, {"softmax_cross_entropy", "sigmoid_bce", "mse"},
                         {LossType::SoftmaxCrossEntropy, LossType::SigmoidBCE, LossType::MSE});

@@ -47,10 +47,16 @@ struct LayerKind;  // orchestrator/layer_kind.hpp: what a layer type is
 // One key of a layer: an integer, a number, a flag or a padding.
 using LayerValue = std::variant<int64_t, double, bool, Padding>;
 
+// The name `inputs` gives the image (SPEC section 7); no layer may take it.
+inline constexpr const char* kInputName = "input";
+
 struct LayerConfig {
   const LayerKind* kind = nullptr;
   std::string name;  // Keras-style default filled in when the YAML gives none
   int line = 0;      // 1-based line of the layer in the config file (0: unknown)
+  // The layers it reads, by name ("input" is the image), in order; empty: the layer
+  // before it (the image for the first). SPEC section 7.
+  std::vector<std::string> inputs;
   // Every key of the kind, in its order, defaults filled in.
   std::vector<std::pair<std::string, LayerValue>> values;
 

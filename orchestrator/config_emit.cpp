@@ -155,6 +155,11 @@ void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
   out << YAML::Flow << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << l.type();
   if (!l.name.empty()) out << YAML::Key << "name" << YAML::Value << Q{l.name};
+  if (!l.inputs.empty()) {
+    out << YAML::Key << "inputs" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& name : l.inputs) out << Q{name};
+    out << YAML::EndSeq;
+  }
   for (const auto& [key, value] : l.values) {
     if (const Padding* p = std::get_if<Padding>(&value)) {
       emit_padding(out, key, *p);

@@ -19,7 +19,8 @@ int prediction_band_rows(int channels, int cols) {
 MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& plan, int rank, Inference kind) {
   // The worker's order (worker/layers.cpp forward_inference, worker/inference.cpp): the
   // weights, the input tile, then per layer its gathered input and halo staging, its
-  // output, and its input freed; predict then moves the output to rank 0 in bands.
+  // output, and the inputs it read last freed; predict then moves the output to rank 0 in
+  // bands.
   const ModelSpec& m = plan.model;
   const StepMemory::RankSizes z = StepMemory::sizes_of(config, plan, rank);
   MemoryEstimate e;
@@ -39,7 +40,11 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
     if (m.layers[l].windowed())
       for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
     at_peak(live + ext + s.out, ext, 0);
-    live = s.out;  // the input and the extended copy go; the output is the next input
+    live += s.out;  // the extended copy goes, and each tensor it read for the last time
+    const std::vector<int>& in = m.layers[l].inputs;
+    for (size_t k = 0; k < in.size(); ++k)
+      if (m.last_reader(in[k]) == l && std::find(in.begin(), in.begin() + k, in[k]) == in.begin() + k)
+        live -= in[k] == 0 ? z.input : z.layers[in[k] - 1].out;
   }
   if (kind == Inference::Predict) {
     // The band this rank packs or (rank 0) receives beside its output.

@@ -25,7 +25,7 @@ void check_kind(const LayerKind& k) {
   if (!k.shape) fail("has no shape function");
   for (size_t i = 0; i < k.keys.size(); ++i) {
     const LayerKey& key = k.keys[i];
-    if (key.name == "type" || key.name == "name") fail("key '" + key.name + "' is every layer's");
+    if (key.name == "type" || key.name == "name" || key.name == "inputs") fail("key '" + key.name + "' is every layer's");
     size_t earlier = i;
     for (size_t j = 0; j < i; ++j) {
       if (k.keys[j].name == key.name) fail("key '" + key.name + "' is listed twice");

@@ -58,6 +58,7 @@ struct LayerTraits {
   WindowUse backward_window = WindowUse::None;
   bool conv_workspace = false;  // CUDA: the cuDNN workspace, and a padded copy of the input
                                 // where a shard's padding is asymmetric
+  int min_inputs = 1, max_inputs = 1;  // how many layers it reads; max 0: no limit (add)
 };
 
 // A model that does not work at one layer: the message without the layer's location,

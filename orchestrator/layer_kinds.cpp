@@ -131,6 +131,47 @@ LayerKind dense() {
   return k;
 }
 
+std::string describe_shape(const Shape3& s) { return fmt::format("{}x{}x{}", s.h, s.w, s.c); }
+
+// Joins (SPEC section 7): several inputs, at least two, named by `inputs`.
+LayerKind join(const char* type, const char* keras_class, const char* keras_prefix) {
+  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
+  k.traits.min_inputs = 2;
+  k.traits.max_inputs = 0;
+  return k;
+}
+
+// The first input whose shape differs from the first's along what must agree.
+template <class Agree>
+void require_agreeing(const LayerSpec& l, const char* what, Agree agree) {
+  for (size_t k = 1; k < l.ins.size(); ++k)
+    if (!agree(l.ins[0], l.ins[k]))
+      throw LayerShapeError(fmt::format("{}: input '{}' is {} but input '{}' is {} (H x W x C)", what,
+                                        l.config.inputs[0], describe_shape(l.ins[0]), l.config.inputs[k],
+                                        describe_shape(l.ins[k])));
+}
+
+LayerKind add() {
+  LayerKind k = join("add", "Add", "add");
+  k.shape = [](LayerSpec& l) {
+    require_agreeing(l, "add needs inputs of one shape", [](const Shape3& a, const Shape3& b) { return a == b; });
+    l.out = l.in;
+    l.flops_per_image = int64_t(l.ins.size() - 1) * l.in.elements();
+  };
+  return k;
+}
+
+LayerKind concatenate() {
+  LayerKind k = join("concatenate", "Concatenate", "concatenate");
+  k.shape = [](LayerSpec& l) {
+    require_agreeing(l, "concatenate joins channels of maps of one size",
+                     [](const Shape3& a, const Shape3& b) { return a.h == b.h && a.w == b.w; });
+    l.out = l.in;
+    for (size_t i = 1; i < l.ins.size(); ++i) l.out.c += l.ins[i].c;
+  };
+  return k;
+}
+
 }  // namespace
 
 std::vector<LayerKind> builtin_layer_kinds() {
@@ -147,6 +188,8 @@ std::vector<LayerKind> builtin_layer_kinds() {
   kinds.push_back(elementwise("tanh", "Activation", "activation"));
   kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
   kinds.push_back(dropout());
+  kinds.push_back(add());
+  kinds.push_back(concatenate());
   return kinds;
 }
 

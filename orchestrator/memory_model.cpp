@@ -48,9 +48,10 @@ uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model) {
   return config.parallel.backend == Backend::CUDA && conv ? kConvWorkspaceLimit : 0;
 }
 
-bool backward_reads_window(const LayerSpec& layer, int index) {
+bool backward_reads_window(const LayerSpec& layer) {
   const WindowUse use = layer.kind().traits.backward_window;
-  return layer.windowed() && (use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && index > 0));
+  return layer.windowed() &&
+         (use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && makes_input_gradient(layer)));
 }
 
 int local_batch(const Config& config, int groups) {
@@ -73,7 +74,7 @@ LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy) 
     // Recompute keeps the outputs where the resolution drops (pools, strided convs): they
     // are the cheapest segment boundaries, and each segment is recomputed once.
     const LayerSpec& L = model.layers[l];
-    const bool boundary = L.rows.stride > 1 || L.cols.stride > 1;
+    const bool boundary = L.rows.stride > 1 || L.cols.stride > 1 || model.readers[l + 1].size() > 1;
     p[l] = policy == ActivationPolicy::Recompute && boundary ? ActivationPolicy::Keep : policy;
   }
   return p;
@@ -99,6 +100,7 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
     z.out = tile_bytes(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
     const Rect owned = spec.spatial ? plan.owned_input(l, rank) : one;
     z.owned_in = tile_bytes(owned, spec.in.c, b);
+    for (const Shape3& in : spec.ins) z.owned_ins.push_back(tile_bytes(owned, in.c, b));
     if (spec.windowed()) {
       const Rect need = plan.needed_input(l, rank);
       z.ext = tile_bytes(need, spec.in.c, b);
@@ -184,7 +186,13 @@ class StepReplay {
   const StepMemory::LayerSizes& at(int l) const { return z_.layers[l]; }
   bool keeps_ext(int l) const { return keeps_extended_input(m_.layers[l], at(l), policy_[l]); }
   bool regathers(int l) const {
-    return policy_[l] != ActivationPolicy::Keep && backward_reads_window(m_.layers[l], l);
+    return policy_[l] != ActivationPolicy::Keep && backward_reads_window(m_.layers[l]);
+  }
+  const std::vector<int>& inputs(int l) const { return m_.layers[l].inputs; }
+  // Whether inputs(l)[k] appears there for the first time (a join may read one twice).
+  bool first_mention(int l, size_t k) const {
+    const std::vector<int>& in = inputs(l);
+    return std::find(in.begin(), in.begin() + k, in[k]) == in.begin() + k;
   }
   uint64_t act_bytes(int i) const { return i == 0 ? z_.input : at(i - 1).out; }
 
@@ -230,22 +238,40 @@ class StepReplay {
     alloc(kActivations, act_bytes(i));
     where_[i] = Where::Prefetched;
   }
-  // The input of layer l is on the device (fetched, or recomputed from the last stored one).
-  void restore_input(int l) {
-    if (where_[l] == Where::Host) prefetch(l);
-    if (where_[l] == Where::Prefetched) {
-      host_ -= act_bytes(l);
-      where_[l] = Where::Device;
-    } else if (where_[l] == Where::Dropped) {
-      int k = l - 1;
-      while (where_[k] == Where::Dropped) --k;
-      restore_input(k);
-      for (int j = k; j < l; ++j) forward(j);  // again: recomputed
+  // Tensor t is on the device (fetched, or recomputed from its layer's inputs).
+  void restore(int t) {
+    if (where_[t] == Where::Host) prefetch(t);
+    if (where_[t] == Where::Prefetched) {
+      host_ -= act_bytes(t);
+      where_[t] = Where::Device;
+    } else if (where_[t] == Where::Dropped) {
+      for (int u : inputs(t - 1)) restore(u);
+      forward(t - 1);  // again: recomputed
     }
   }
 
+  // After layer l's forward: each tensor it read for the last time waits as the policy of
+  // the layer that made it says (Trainer::stash).
+  void stash(int t) {
+    finish_offload();
+    if (policy_[t - 1] == ActivationPolicy::Offload) {
+      host_ += act_bytes(t);
+      host_peak_ = std::max(host_peak_, host_);
+      where_[t] = Where::Host;
+      leaving_ = t;
+    } else if (policy_[t - 1] == ActivationPolicy::Recompute) {
+      release(kActivations, act_bytes(t));
+      where_[t] = Where::Dropped;
+    }
+  }
+  // The offloaded copy under way is done: its device memory goes.
+  void finish_offload() {
+    if (leaving_ >= 0) release(kActivations, act_bytes(leaving_));
+    leaving_ = -1;
+  }
+
   void backward(int l) {
-    const bool need_dx = l > 0;
+    const bool need_dx = makes_input_gradient(m_.layers[l]);
     const uint64_t dy = act_bytes(l + 1);
     // A window used for the weight gradient only is freed before the input gradient is made.
     const bool frees_window_first = traits(l).backward_window == WindowUse::WeightGradient;
@@ -269,45 +295,44 @@ class StepReplay {
       } else if (!frees_window_first) {
         release(ext_kind, ext);
       }
-    } else if (need_dx) {
-      alloc(kTransient, at(l).owned_in);
+    } else {
+      for (size_t k = 0; k < inputs(l).size(); ++k)
+        if (makes_input_gradient(m_.layers[l], k)) alloc(kTransient, at(l).owned_ins[k]);
     }
     release(kActivations, act_bytes(l + 1));  // the output (acts[l + 1])
     where_[l + 1] = Where::Freed;
     release(kTransient, dy);  // the output gradient gives way to dx
+    // A tensor read by several layers sums their gradients: the later ones add in and go.
+    for (size_t k = 0; k < inputs(l).size(); ++k) {
+      const int t = inputs(l)[k];
+      if (!makes_input_gradient(m_.layers[l], k)) continue;
+      if (has_grad_[t]) release(kTransient, at(l).owned_ins[k]);
+      has_grad_[t] = true;
+    }
   }
 
   void step() {
     const int L = layers();
     where_.assign(L + 1, Where::Freed);
+    has_grad_.assign(L + 1, false);
     alloc(kInput, z_.input);
     alloc(kInput, z_.targets);
     where_[0] = Where::Device;
-    int leaving = -1;  // offloaded, its device copy freed after the next layer's forward
-    auto finish_offload = [&] {
-      if (leaving >= 0) release(kActivations, act_bytes(leaving));
-      leaving = -1;
-    };
     for (int l = 0; l < L; ++l) {
       forward(l);
-      if (l == 0) continue;
-      // Layer l was the last reader of act[l]: layer l - 1's policy decides where it waits.
-      finish_offload();
-      if (policy_[l - 1] == ActivationPolicy::Offload) {
-        host_ += act_bytes(l);
-        host_peak_ = std::max(host_peak_, host_);
-        where_[l] = Where::Host;
-        leaving = l;
-      } else if (policy_[l - 1] == ActivationPolicy::Recompute) {
-        release(kActivations, act_bytes(l));
-        where_[l] = Where::Dropped;
+      for (size_t k = 0; k < inputs(l).size(); ++k) {
+        const int t = inputs(l)[k];
+        if (t > 0 && first_mention(l, k) && m_.last_reader(t) == l) stash(t);
       }
     }
     finish_offload();
     alloc(kTransient, act_bytes(L));  // the loss gradient
+    has_grad_[L] = true;
     for (int l = L - 1; l >= 0; --l) {
-      restore_input(l);
-      if (l > 0 && where_[l - 1] == Where::Host) prefetch(l - 1);  // beside layer l's backward
+      for (int t : inputs(l)) restore(t);
+      if (l > 0)  // the next backward's inputs come back beside this one
+        for (int t : inputs(l - 1))
+          if (where_[t] == Where::Host) prefetch(t);
       backward(l);
     }
   }
@@ -317,6 +342,8 @@ class StepReplay {
   const StepMemory::RankSizes& z_;
   const LayerPolicies& policy_;
   std::vector<Where> where_;
+  std::vector<bool> has_grad_;  // per tensor: a gradient of it is on the device
+  int leaving_ = -1;            // offloaded, its device copy freed after the next layer's forward
   bool cuda_workspace_ = false;
   uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
   uint64_t live_[kKinds] = {}, at_peak_[kKinds] = {};
@@ -351,8 +378,8 @@ uint64_t StepMemory::lower_bound() const {
   uint64_t bound = 0;
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
-    for (size_t l = 1; l < r.layers.size(); ++l)
-      step = std::max(step, 2 * (r.layers[l].owned_in + r.layers[l].out));
+    for (size_t l = 0; l < r.layers.size(); ++l)
+      if (makes_input_gradient(m.layers[l])) step = std::max(step, 2 * (r.layers[l].owned_in + r.layers[l].out));
     bound = std::max(bound, fixed + r.input + r.targets + step);
   }
   return bound;
@@ -400,7 +427,10 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
     }
     x.activations += kept_input;
     x.halo = std::max(z.stage[0], z.stage[1]);
-    x.transient = z.out + (l == 0 ? 0 : (L.windowed() ? z.ext : z.owned_in));
+    uint64_t dx = 0;
+    for (size_t k = 0; k < L.inputs.size(); ++k)
+      if (makes_input_gradient(L, k)) dx += L.windowed() ? z.ext : z.owned_ins[k];
+    x.transient = z.out + dx;
     out.push_back(x);
   }
   return out;
@@ -421,12 +451,12 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
     // Forward: halos to the peers that need them; again when the layer's output is dropped
     // and recomputed during backward, and again when its backward gathers its input anew.
     const uint64_t forwards = 1 + (policies[l] == ActivationPolicy::Recompute ? 1 : 0) +
-                              (policies[l] != ActivationPolicy::Keep && backward_reads_window(L, l) ? 1 : 0);
+                              (policies[l] != ActivationPolicy::Keep && backward_reads_window(L) ? 1 : 0);
     for (HaloPhase ph : kPhases) {
       for (const HaloRegion& r : plan.sends(l, rank, ph)) add_step(r.peer, tile_bytes(r.rect, L.in.c, b) * forwards);
-      // Backward: the gradient of every received region goes back to its owner (the first
-      // layer computes no input gradient).
-      if (l > 0)
+      // Backward: the gradient of every received region goes back to its owner (a layer
+      // reading the image computes no input gradient).
+      if (makes_input_gradient(L))
         for (const HaloRegion& r : plan.receives(l, rank, ph)) add_step(r.peer, tile_bytes(r.rect, L.in.c, b));
     }
   }

@@ -27,7 +27,7 @@ namespace ht {
 // keep.
 using LayerPolicies = std::vector<ActivationPolicy>;
 // Every layer that can take `policy` gets it, except that Recompute keeps the outputs of
-// strided layers as segment boundaries.
+// strided layers and tensors with several readers as segment boundaries.
 LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy);
 // Layers whose policy may be other than Keep.
 bool policy_applies(const ModelSpec& model, int layer);
@@ -41,10 +41,13 @@ uint64_t replicated_bytes(const Config& config, const ModelSpec& model);
 // float32 bytes of `rect` for `channels` planes of `batch` images.
 uint64_t tile_bytes(const Rect& rect, int channels, int batch);
 
-// Whether layer `index`'s backward reads its halo-extended input (convolution for its
-// weight gradient, max pooling for its input gradient; the first layer computes none). A
-// layer that does not keep it gathers it again, halo exchange included, on every rank.
-bool backward_reads_window(const LayerSpec& layer, int index);
+// Whether the layer's backward reads its halo-extended input (convolution for its weight
+// gradient, max pooling for its input gradient, which a layer reading the image computes
+// not). A layer that does not keep it gathers it again, halo exchange included, on every
+// rank.
+bool backward_reads_window(const LayerSpec& layer);
+// Whether the layer makes the gradient of its `k`th input: not of the image.
+inline bool makes_input_gradient(const LayerSpec& layer, size_t k = 0) { return layer.inputs[k] > 0; }
 
 // Bytes one rank holds at the moment of its peak, by kind. The kinds add up to the total.
 struct MemoryEstimate {
@@ -124,6 +127,7 @@ class StepMemory {
     uint64_t out = 0;        // the owned output (the next layer's input)
     uint64_t ext = 0;        // the needed input rectangle, halo included
     uint64_t owned_in = 0;   // the owned input
+    std::vector<uint64_t> owned_ins;  // the owned part of each input (joins: several)
     uint64_t stage[2] = {};  // send + receive staging of the rows and the cols phase
     bool in_place = false;   // needed == owned: no extended copy
     uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up

@@ -23,6 +23,16 @@ int64_t LayerSpec::param_count(bool trainable_only) const {
   return n;
 }
 
+bool ModelSpec::tensor_spatial(int t) const {
+  return t == 0 || (layers[t - 1].spatial && !layers[t - 1].kind().traits.global_pool);
+}
+
+bool ModelSpec::chain() const {
+  for (int l = 0; l < int(layers.size()); ++l)
+    if (layers[l].inputs.size() != 1 || layers[l].inputs[0] != l) return false;
+  return true;
+}
+
 int64_t ModelSpec::param_count(bool trainable_only) const {
   int64_t n = 0;
   for (const auto& l : layers) n += l.param_count(trainable_only);
@@ -92,41 +102,72 @@ ModelSpec build_model_spec(const Config& config) {
   ModelSpec spec;
   spec.input = {config.model.channels, config.model.height, config.model.width};
   spec.loss = config.model.loss;
-  Shape3 shape = spec.input;
-  bool spatial = true;
   spec.spatial_layers = int(config.model.layers.size());
   std::map<std::string, int> counters;  // per Keras name prefix, as name_layers (config.cpp)
+  std::map<std::string, int> tensor_of = {{kInputName, 0}};
+  bool vectors_seen = false;  // a layer after the global pool came already
   for (size_t i = 0; i < config.model.layers.size(); ++i) {
     LayerSpec l;
     l.config = config.model.layers[i];
     if (l.config.name.empty())
       l.config.name = fmt::format("{}_{}", l.kind().keras_prefix, ++counters[l.kind().keras_prefix]);
-    l.in = shape;
-    l.spatial = spatial;
-    l.rows = make_window(shape.h, 1, 1, 1, Padding{});
-    l.cols = make_window(shape.w, 1, 1, 1, Padding{});
+    // Specs built in code (not by load_config, which checks the graph) may be wrong too.
+    for (const std::string& name : l.config.inputs) {
+      auto t = tensor_of.find(name);
+      if (t == tensor_of.end())
+        throw ConfigError(fmt::format("{}: inputs: '{}' is no earlier layer", where(config, l.config, i), name));
+      l.inputs.push_back(t->second);
+    }
+    if (l.inputs.empty()) l.inputs.push_back(int(i));
+    const int min_in = l.kind().traits.min_inputs, max_in = l.kind().traits.max_inputs;
+    if (int(l.inputs.size()) < min_in || (max_in > 0 && int(l.inputs.size()) > max_in))
+      throw ConfigError(fmt::format("{}: takes {} inputs; found {}", where(config, l.config, i),
+                                    max_in == min_in ? std::to_string(min_in) : fmt::format("at least {}", min_in),
+                                    l.inputs.size()));
+    tensor_of[l.config.name] = int(i) + 1;
+    for (int t : l.inputs) l.ins.push_back(spec.tensor_shape(t));
+    l.in = l.ins[0];
+    l.spatial = spec.tensor_spatial(l.inputs[0]);
+    for (size_t k = 1; k < l.inputs.size(); ++k)
+      if (spec.tensor_spatial(l.inputs[k]) != l.spatial)
+        throw ConfigError(fmt::format("{}: its inputs '{}' and '{}' are not both feature maps (one comes after the "
+                                      "global pool)",
+                                      where(config, l.config, i), l.config.inputs[0], l.config.inputs[k]));
+    if (l.spatial && vectors_seen)
+      throw ConfigError(fmt::format("{}: reads a feature map after a layer that works on the pooled vector; put the "
+                                    "layers on feature maps before the first layer after the global pool",
+                                    where(config, l.config, i)));
+    if (!l.spatial) {
+      if (!vectors_seen) spec.spatial_layers = int(i);
+      vectors_seen = true;
+    }
+    l.rows = make_window(l.in.h, 1, 1, 1, Padding{});
+    l.cols = make_window(l.in.w, 1, 1, 1, Padding{});
     try {
       l.kind().shape(l);
       // The built-in kinds say this in their own words; a kind whose shape does not check
       // where it sits gets these.
       const LayerInput where_it_sits = l.kind().traits.input;
-      if (where_it_sits == LayerInput::FeatureMap && !spatial)
+      if (where_it_sits == LayerInput::FeatureMap && !l.spatial)
         throw LayerShapeError("needs a feature map input, but it comes after the global pool");
-      if (where_it_sits == LayerInput::Vector && spatial)
+      if (where_it_sits == LayerInput::Vector && l.spatial)
         throw LayerShapeError(
             fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
     } catch (const LayerShapeError& e) {
       throw ConfigError(fmt::format("{}: {}", where(config, l.config, i), e.what()));
     }
-    if (l.kind().traits.global_pool) {
-      spatial = false;
-      spec.spatial_layers = int(i) + 1;
-    }
-    shape = l.out;
     spec.layers.push_back(std::move(l));
   }
   if (spec.layers.empty())
     throw ConfigError(fmt::format("{}: model.layers is empty; expected at least one layer", config.source_path));
+  spec.readers.assign(spec.layers.size() + 1, {});
+  for (int l = 0; l < int(spec.layers.size()); ++l)
+    for (int t : spec.layers[l].inputs)
+      if (spec.readers[t].empty() || spec.readers[t].back() != l) spec.readers[t].push_back(l);
+  for (int t = 1; t < int(spec.layers.size()); ++t)
+    if (spec.readers[t].empty())
+      throw ConfigError(fmt::format("{}: is read by no later layer, so it does not lead to the model's output",
+                                    where(config, spec.layers[t - 1].config, size_t(t - 1))));
 
   const Shape3 out = spec.output();
   const bool spatial_out = spec.spatial_layers == int(spec.layers.size());

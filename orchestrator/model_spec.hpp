@@ -50,9 +50,14 @@ struct WeightSpec {
   int64_t elements() const;
 };
 
+// A model is a graph of layers over tensors: tensor 0 is the image, tensor l + 1 the
+// output of layer l. A layer reads earlier tensors only, so the list order is a
+// topological order, and the last layer's output is the model's.
 struct LayerSpec {
   LayerConfig config;
-  Shape3 in, out;
+  std::vector<int> inputs;  // the tensors it reads, in the order of config.inputs
+  std::vector<Shape3> ins;  // their shapes
+  Shape3 in, out;           // in: the first input's shape
   // Spatial layers keep the image sharded (conv, pools, and BN/ReLU before the global
   // pool); layers after the global pool work on replicated per-image vectors.
   bool spatial = true;
@@ -70,7 +75,14 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;
   LossType loss = LossType::SoftmaxCrossEntropy;
   int spatial_layers = 0;  // layers [0, spatial_layers) are spatial
+  std::vector<std::vector<int>> readers;  // per tensor: the layers that read it, in order
   Shape3 output() const { return layers.empty() ? input : layers.back().out; }
+  int tensors() const { return int(layers.size()) + 1; }
+  const Shape3& tensor_shape(int t) const { return t == 0 ? input : layers[t - 1].out; }
+  bool tensor_spatial(int t) const;  // a feature map: the image, or before the global pool
+  int last_reader(int t) const { return readers[t].empty() ? -1 : readers[t].back(); }
+  // Every layer reads the one before it (and only it): the models before graphs.
+  bool chain() const;
   int64_t param_count(bool trainable_only = false) const;
 };
 

@@ -27,12 +27,30 @@ const char* axis_key(Axis a) { return a == Axis::Rows ? "max_grid_rows" : "max_g
 const Window1D& window_of(const LayerSpec& l, Axis a) { return a == Axis::Rows ? l.rows : l.cols; }
 int extent(const Shape3& s, Axis a) { return a == Axis::Rows ? s.h : s.w; }
 
-// Feature-map level k is the input of layer k (level 0 = the image, level k+1 = output of
-// layer k). The partitioned level is the coarsest feature map: the global pool's input,
-// or the last layer's output for a fully convolutional model.
-int partition_level(const ModelSpec& m) {
-  const int s = m.spatial_layers;
-  if (s > 0 && m.layers[s - 1].kind().traits.global_pool) return s - 1;
+// How far each tensor is downsampled along one axis against the image (the product of
+// the strides on its path), and the tensor whose shard borders all others follow: the
+// coarsest feature map, the last one at that scale (the global pool's input, or the last
+// layer's output for a fully convolutional chain). Shard borders are even there and map
+// to every other feature map by its scale, so a strided window never straddles a border
+// and the inputs of a join line up.
+struct Scales {
+  std::vector<int64_t> factor;  // per tensor; 0: not a feature map
+  int reference = 0;            // the tensor the borders are split at
+};
+
+Scales scales_of(const ModelSpec& m, Axis axis) {
+  Scales s;
+  s.factor.assign(size_t(m.tensors()), 0);
+  s.factor[0] = 1;
+  for (int l = 0; l < int(m.layers.size()); ++l) {
+    if (!m.tensor_spatial(l + 1)) continue;
+    const LayerSpec& L = m.layers[l];
+    int64_t f = s.factor[L.inputs[0]];
+    for (int t : L.inputs) f = std::max(f, s.factor[t]);  // unequal scales: refused by plan_axis
+    s.factor[l + 1] = f * (L.windowed() ? (axis == Axis::Rows ? L.rows.stride : L.cols.stride) : 1);
+  }
+  for (int t = 0; t < m.tensors(); ++t)
+    if (s.factor[t] >= s.factor[s.reference]) s.reference = t;
   return s;
 }
 
@@ -46,11 +64,13 @@ std::string describe(const ModelSpec& m, int layer) {
 
 std::string show(const Range& r) { return fmt::format("[{}, {})", r.lo, r.hi); }
 
+std::string tensor_name(const ModelSpec& m, int t) { return t == 0 ? kInputName : m.layers[t - 1].config.name; }
+
 // Plans one axis for `parts` shards into `out` (one AxisPlan per layer). Returns "" on
 // success, otherwise why this axis cannot be split that way (without the grid advice).
 std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<AxisPlan>* out) {
   const int nl = int(m.layers.size());
-  const int level = partition_level(m);
+  const Scales scales = scales_of(m, axis);
   std::vector<AxisPlan> plan(nl);
   for (auto& a : plan) {
     a.owned_in.resize(parts);
@@ -60,38 +80,60 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
     a.pad_hi.assign(parts, 0);
   }
 
-  // Borders of the partitioned level: as even as possible, the first n % P one larger.
-  const int n = level == 0 ? extent(m.input, axis) : extent(m.layers[level - 1].out, axis);
+  // Borders of the reference tensor: as even as possible, the first n % P one larger.
+  const int ref = scales.reference;
+  const int n = extent(m.tensor_shape(ref), axis);
   if (n < parts)
     return fmt::format("{} has {} {} and cannot be split into {} shards",
-                       level == 0 ? "model.input" : describe(m, level - 1) + ": its output", n,
-                       axis_name(axis), parts);
+                       ref == 0 ? "model.input" : describe(m, ref - 1) + ": its output", n, axis_name(axis), parts);
   std::vector<int> border(parts + 1, 0);
   for (int i = 0; i < parts; ++i) border[i + 1] = border[i] + n / parts + (i < n % parts ? 1 : 0);
-
-  // The global pool: each shard sums its own part, the result is replicated.
-  if (level < nl) {
-    AxisPlan& a = plan[level];
-    for (int i = 0; i < parts; ++i) {
-      a.owned_in[i] = a.needed_in[i] = {border[i], border[i + 1]};
-      a.owned_out[i] = {0, 1};
-    }
+  // Every feature map's borders: the reference's times its scale against the reference,
+  // clamped to its size; the last border is its size.
+  std::vector<std::vector<Range>> owned(size_t(m.tensors()));
+  for (int t = 0; t < m.tensors(); ++t) {
+    const int64_t f = scales.factor[t];
+    if (f == 0) continue;
+    if (scales.factor[ref] % f != 0)
+      return fmt::format("{} is downsampled {}x along {} and the coarsest feature map {}x; the shard borders of "
+                         "the two cannot line up",
+                         t == 0 ? "model.input" : describe(m, t - 1) + ": its output", f, axis_name(axis),
+                         scales.factor[ref]);
+    const int64_t scale = scales.factor[ref] / f, size = extent(m.tensor_shape(t), axis);
+    std::vector<int> b(parts + 1, 0);
+    for (int i = 1; i < parts; ++i) b[i] = int(std::min<int64_t>(border[i] * scale, size));
+    b[parts] = int(size);
+    for (int i = 0; i < parts; ++i) owned[t].push_back({b[i], b[i + 1]});
   }
-  // Replicated layers after the global pool: whole ranges everywhere.
-  for (int l = level + 1; l < nl; ++l) {
-    AxisPlan& a = plan[l];
-    const Range in{0, extent(m.layers[l].in, axis)}, o{0, extent(m.layers[l].out, axis)};
-    for (int i = 0; i < parts; ++i) {
-      a.owned_in[i] = a.needed_in[i] = in;
-      a.owned_out[i] = o;
-    }
-  }
 
-  // Map borders upward: input border = output border * stride, so a strided window never
-  // straddles two shards; the first border stays 0 and the last is the full input.
-  for (int l = level - 1; l >= 0; --l) {
-    const Window1D& w = window_of(m.layers[l], axis);
+  for (int l = nl - 1; l >= 0; --l) {
+    const LayerSpec& L = m.layers[l];
     AxisPlan& a = plan[l];
+    if (!L.spatial) {  // replicated after the global pool: whole ranges everywhere
+      const Range in{0, extent(L.in, axis)}, o{0, extent(L.out, axis)};
+      for (int i = 0; i < parts; ++i) {
+        a.owned_in[i] = a.needed_in[i] = in;
+        a.owned_out[i] = o;
+      }
+      continue;
+    }
+    const std::vector<Range>& in = owned[L.inputs[0]];
+    for (size_t k = 1; k < L.inputs.size(); ++k)
+      if (owned[L.inputs[k]] != in) {
+        const int t0 = L.inputs[0], tk = L.inputs[k];
+        return fmt::format("{}: its inputs '{}' and '{}' are split at different {} ({}x and {}x downsampled), so "
+                           "their shards do not line up",
+                           describe(m, l), tensor_name(m, t0), tensor_name(m, tk), axis_name(axis),
+                           scales.factor[t0], scales.factor[tk]);
+      }
+    if (L.kind().traits.global_pool) {  // each shard reduces its own part; the result is replicated
+      for (int i = 0; i < parts; ++i) {
+        a.owned_in[i] = a.needed_in[i] = in[i];
+        a.owned_out[i] = {0, 1};
+      }
+      continue;
+    }
+    const Window1D& w = window_of(L, axis);
     // needed_in is widened to cover owned_in (below); that keeps the local output count
     // only while the trailing owned rows a shard does not read are fewer than a stride,
     // i.e. pad_lo < span. A padding wider than the window cannot be split.
@@ -100,19 +142,15 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
           "{}: its padding {} is not smaller than its window span {} (kernel {}, dilation {}), so "
           "its input cannot be split along {}",
           describe(m, l), w.pad_lo, w.span(), w.kernel, w.dilation, axis_name(axis));
-    std::vector<int> in_border(parts + 1);
-    in_border[0] = 0;
-    in_border[parts] = w.in;
-    for (int i = 1; i < parts; ++i) in_border[i] = std::min(border[i] * w.stride, w.in);
     for (int i = 0; i < parts; ++i) {
-      a.owned_out[i] = {border[i], border[i + 1]};
-      a.owned_in[i] = {in_border[i], in_border[i + 1]};
+      a.owned_out[i] = owned[l + 1][i];
+      a.owned_in[i] = in[i];
       if (a.owned_in[i].empty())
         return fmt::format(
             "{}: shard {} of {} along {} would own no input {} (its {} input {} split at output "
             "borders x stride {})",
             describe(m, l), i, parts, axis_name(axis), axis_name(axis), w.in, axis_name(axis), w.stride);
-      const int first = w.first_input(border[i]), end = w.end_input(border[i + 1]);
+      const int first = w.first_input(a.owned_out[i].lo), end = w.end_input(a.owned_out[i].hi);
       // The read range, widened to cover owned_in: a strided window may skip the last owned
       // rows (a 2x2/2 pool over an odd size), yet the extended buffer must hold all owned
       // rows, since the layer's input tile and the neighbours' halos come from it.
@@ -137,7 +175,6 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
             show(a.owned_in[j]), a.owned_in[j].size(), axis_name(axis), w.kernel, w.dilation, w.stride);
       }
     }
-    border.swap(in_border);
   }
   if (out) out->swap(plan);
   return "";
@@ -146,8 +183,7 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
 // Largest shard count along `axis` that plans. Feasibility only gets harder as shards get
 // thinner, so a binary search over [1, n] finds the boundary (P plans, P + 1 does not).
 int max_grid(const ModelSpec& m, Axis axis) {
-  const int level = partition_level(m);
-  const int n = level == 0 ? extent(m.input, axis) : extent(m.layers[level - 1].out, axis);
+  const int n = extent(m.tensor_shape(scales_of(m, axis).reference), axis);
   int lo = 1, hi = std::max(n, 1) + 1;  // lo plans (one shard always does), hi does not
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;

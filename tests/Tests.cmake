@@ -7,7 +7,8 @@ function(ht_script_test name labels timeout script)
   add_test(NAME ${name} COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/${script} $<TARGET_FILE:halotrain> ${ARGN})
   set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
 endfunction()
-foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activations_max_adam)
+foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activations_max_adam residual_sgd
+             skip_concat_adam)
   add_test(NAME oracle_${case}
            COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/oracle.py ${case}
                    --halotrain $<TARGET_FILE:halotrain> --workdir ${CMAKE_BINARY_DIR}/oracle

@@ -54,6 +54,13 @@ std::string model_hash(const ModelSpec& model) {
     for (const LayerKey& key : l.kind().keys)
       if (key.in_model_hash && std::find(kFixed.begin(), kFixed.end(), key.name) == kFixed.end())
         text += fmt::format(" {}={}", key.name, describe_value(*c.find(key.name)));
+    // A layer that reads another than the one before it (graphs): which ones.
+    const int index = int(&l - model.layers.data());
+    if (l.inputs != std::vector<int>{index}) {
+      std::vector<std::string> names;
+      for (int t : l.inputs) names.push_back(t == 0 ? kInputName : model.layers[t - 1].config.name);
+      text += fmt::format(" in={}", fmt::join(names, ","));
+    }
     text += ";";
   }
   return fnv1a(text);

@@ -40,16 +40,23 @@ void check_shape(const Tensor& t, int n, int c, int h, int w, const char* what, 
 
 }  // namespace
 
-Tensor Layer::forward(const Tensor& x, ForwardMode mode) {
+Tensor Layer::forward(const LayerInputs& xs, ForwardMode mode) {
+  if (xs.size() != spec().inputs.size())
+    throw std::logic_error(fmt::format("{}: {} inputs given, the model says {}", label(), xs.size(),
+                                       spec().inputs.size()));
+  // The inputs of a join share their shard (shard_plan.cpp lines them up).
   const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
-  const int n = mode == ForwardMode::Eval ? std::max(x.n(), 1) : ctx_.local_batch;
-  check_shape(x, n, spec().in.c, in.rows.size(), in.cols.size(), "input", label());
-  return forward_impl(x, mode);
+  const int n = mode == ForwardMode::Eval ? std::max(xs[0]->n(), 1) : ctx_.local_batch;
+  for (size_t k = 0; k < xs.size(); ++k)
+    check_shape(*xs[k], n, spec().ins[k].c, in.rows.size(), in.cols.size(), "input", label());
+  return forward_inputs(xs, mode);
 }
 
-Tensor Layer::backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
+std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
+                                    const std::vector<bool>& need_dx) {
   check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
-  return backward_impl(x, y, dy, need_dx);
+  if (need_dx.size() != xs.size()) throw std::logic_error(label() + ": one need_dx per input expected");
+  return backward_inputs(xs, y, dy, need_dx);
 }
 
 namespace {
@@ -500,6 +507,84 @@ class DenseLayer : public Layer {
   }
 };
 
+// Several inputs of one shard, pointwise: the halo of a reader is gathered by that reader.
+class JoinLayer : public Layer {
+ public:
+  using Layer::Layer;
+
+ protected:
+  Tensor forward_impl(const Tensor&, ForwardMode) override { throw std::logic_error(label() + " joins inputs"); }
+  Tensor backward_impl(const Tensor&, const Tensor&, const Tensor&, bool) override {
+    throw std::logic_error(label() + " joins inputs");
+  }
+  Tensor like(const Tensor& x, int channels, const std::string& what) {
+    return Tensor(ctx_.backend.allocator(), x.n(), channels, x.h(), x.w(), what + " of " + label());
+  }
+};
+
+// The sum of the inputs, in their order; each input's gradient is the output's.
+class AddLayer : public JoinLayer {
+ public:
+  using JoinLayer::JoinLayer;
+
+ protected:
+  Tensor forward_inputs(const LayerInputs& xs, ForwardMode) override {
+    Tensor y = like(*xs[0], xs[0]->c(), "output");
+    ctx_.backend.copy(y.data(), xs[0]->data(), y.size());
+    for (size_t k = 1; k < xs.size(); ++k) ctx_.backend.add(y.data(), xs[k]->data(), y.size());
+    return y;
+  }
+  std::vector<Tensor> backward_inputs(const LayerInputs& xs, const Tensor&, const Tensor& dy,
+                                      const std::vector<bool>& need_dx) override {
+    std::vector<Tensor> dx(xs.size());
+    for (size_t k = 0; k < xs.size(); ++k) {
+      if (!need_dx[k]) continue;
+      dx[k] = like(dy, dy.c(), "input gradient");
+      ctx_.backend.copy(dx[k].data(), dy.data(), dy.size());
+    }
+    return dx;
+  }
+};
+
+// The inputs' channels one after the other: per image, each input is one block of the output.
+class ConcatenateLayer : public JoinLayer {
+ public:
+  using JoinLayer::JoinLayer;
+
+ protected:
+  Tensor forward_inputs(const LayerInputs& xs, ForwardMode) override {
+    Tensor y = like(*xs[0], spec().out.c, "output");
+    for_each_block(y, [&](size_t k, size_t at_whole, size_t at_part, size_t n) {
+      ctx_.backend.copy(y.data() + at_whole, xs[k]->data() + at_part, n);
+    });
+    return y;
+  }
+  std::vector<Tensor> backward_inputs(const LayerInputs& xs, const Tensor&, const Tensor& dy,
+                                      const std::vector<bool>& need_dx) override {
+    std::vector<Tensor> dx(xs.size());
+    for (size_t k = 0; k < xs.size(); ++k)
+      if (need_dx[k]) dx[k] = like(*xs[k], xs[k]->c(), "input gradient");
+    for_each_block(dy, [&](size_t k, size_t at_whole, size_t at_part, size_t n) {
+      if (need_dx[k]) ctx_.backend.copy(dx[k].data() + at_part, dy.data() + at_whole, n);
+    });
+    return dx;
+  }
+
+ private:
+  // copy(input k, offset in the whole, offset in input k, floats) for each image's block of
+  // each input.
+  template <class Copy>
+  void for_each_block(const Tensor& whole, Copy copy) const {
+    const size_t plane = size_t(whole.h()) * whole.w(), image = size_t(whole.c()) * plane;
+    size_t offset = 0;
+    for (size_t k = 0; k < spec().ins.size(); ++k) {
+      const size_t block = size_t(spec().ins[k].c) * plane;
+      for (size_t b = 0; b < size_t(whole.n()); ++b) copy(k, b * image + offset, b * block, block);
+      offset += block;
+    }
+  }
+};
+
 template <class L>
 LayerFactory factory() {
   return [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> { return std::make_unique<L>(ctx, index); };
@@ -531,6 +616,8 @@ std::map<std::string, LayerFactory>& kernels() {
       {"tanh", activation_factory(Activation::Tanh)},
       {"global_max_pool", factory<GlobalMaxPoolLayer>()},
       {"dropout", factory<DropoutLayer>()},
+      {"add", factory<AddLayer>()},
+      {"concatenate", factory<ConcatenateLayer>()},
   };
   return table;
 }
@@ -551,8 +638,22 @@ std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index) {
 }
 
 Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x) {
-  for (const auto& layer : layers) x = layer->forward(x, ForwardMode::Eval);
-  return x;
+  if (layers.empty()) return x;
+  const ModelSpec& m = layers[0]->model();
+  std::vector<Tensor> acts(layers.size() + 1);
+  acts[0] = std::move(x);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    acts[l + 1] = layers[l]->forward(inputs_of(m, int(l), acts), ForwardMode::Eval);
+    for (int t : m.layers[l].inputs)
+      if (m.last_reader(t) == int(l)) acts[t].release();
+  }
+  return std::move(acts.back());
+}
+
+LayerInputs inputs_of(const ModelSpec& model, int layer, const std::vector<Tensor>& tensors) {
+  LayerInputs xs;
+  for (int t : model.layers[layer].inputs) xs.push_back(&tensors[t]);
+  return xs;
 }
 
 }  // namespace ht

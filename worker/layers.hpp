@@ -46,26 +46,43 @@ struct LayerContext {
   bool group_leader() const { return plan.shard_of(rank) == 0; }
 };
 
+// A layer's inputs, in the order of its spec's `inputs`.
+using LayerInputs = std::vector<const Tensor*>;
+
 class Layer {
  public:
   Layer(const LayerContext& ctx, int index);
   virtual ~Layer() = default;
 
   const LayerSpec& spec() const { return ctx_.plan.model.layers[index_]; }
+  const ModelSpec& model() const { return ctx_.plan.model; }
   int index() const { return index_; }
 
-  // x: this rank's owned part of the input [b, c, h, w]; returns the owned output. Train
-  // and Recompute take local_batch images; Eval any number.
-  Tensor forward(const Tensor& x, ForwardMode mode = ForwardMode::Train);
-  // x, y: the input and output of forward; dy: gradient of y. Writes weight gradients and
-  // returns the gradient of the owned input (empty when !need_dx).
-  Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx);
+  // xs: this rank's owned parts of the inputs [b, c, h, w]; returns the owned output.
+  // Train and Recompute take local_batch images; Eval any number.
+  Tensor forward(const LayerInputs& xs, ForwardMode mode = ForwardMode::Train);
+  Tensor forward(const Tensor& x, ForwardMode mode = ForwardMode::Train) { return forward(LayerInputs{&x}, mode); }
+  // xs, y: the inputs and output of forward; dy: gradient of y. Writes weight gradients
+  // and returns the gradient of each owned input (empty where !need_dx[k]).
+  std::vector<Tensor> backward(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
+                               const std::vector<bool>& need_dx);
+  Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
+    return std::move(backward(LayerInputs{&x}, y, dy, {need_dx})[0]);
+  }
   // Drops what forward kept for backward.
   virtual void release_saved() {}
 
  protected:
+  // Layers of one input implement these; joins (several inputs) the two below.
   virtual Tensor forward_impl(const Tensor& x, ForwardMode mode) = 0;
   virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
+  virtual Tensor forward_inputs(const LayerInputs& xs, ForwardMode mode) { return forward_impl(*xs[0], mode); }
+  virtual std::vector<Tensor> backward_inputs(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
+                                              const std::vector<bool>& need_dx) {
+    std::vector<Tensor> dx;
+    dx.push_back(backward_impl(*xs[0], y, dy, need_dx[0]));
+    return dx;
+  }
   Tensor make_output(int n, int c, const Rect& rect, const std::string& what);
   float* weight(const std::string& name);
   float* weight_grad(const std::string& name);
@@ -86,7 +103,10 @@ using LayerFactory = std::function<std::unique_ptr<Layer>(const LayerContext& ct
 void register_layer_kernels(const std::string& type, LayerFactory factory);
 
 // The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: each
-// activation is freed once the next layer has read it. Returns the owned output.
+// activation is freed once its last reader has read it. Returns the owned output.
 Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x);
+
+// The inputs of `layer` among the step's tensors (0 the image, l + 1 layer l's output).
+LayerInputs inputs_of(const ModelSpec& model, int layer, const std::vector<Tensor>& tensors);
 
 }  // namespace ht

@@ -192,12 +192,13 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   return total / elements;
 }
 
-// The activations of one step: acts[i] is the input of layer i (acts[0] the image tile).
-// Between forward and backward each waits on the device, in the backend's host pool, or
-// nowhere, as the policy of the layer that produced it says. An offloaded activation's
-// copy to the host runs beside the next layer's forward (its device memory goes after
-// it), and it comes back beside the backward of the layer above the one that reads it.
-// A dropped one is computed again from the nearest stored activation. The orchestrator's
+// The activations of one step: acts[t] is tensor t of the model (acts[0] the image tile,
+// acts[l + 1] layer l's output). After its last reader's forward each waits on the
+// device, in the backend's host pool, or nowhere, as the policy of the layer that made it
+// says, until that layer's backward. An offloaded activation's copy to the host runs
+// beside the next layer's forward (its device memory goes after it), and it comes back
+// beside the backward of the layer before the one that reads it last. A dropped one is
+// computed again from its layer's inputs, restored the same way. The orchestrator's
 // StepReplay replays exactly these allocations to predict the peak.
 struct Trainer::StepActivations {
   std::vector<Tensor> device, host;
@@ -229,7 +230,7 @@ void Trainer::stash(StepActivations& a, int i) {
 void Trainer::prefetch(StepActivations& a, int i) {
   const Tensor& h = a.host[i];
   a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
-                       "activation fetched back for layer " + plan_.model.layers[i].config.name);
+                       "activation fetched back for layer " + plan_.model.layers[i - 1].config.name);
   backend_->to_device_async(a.device[i].data(), h.data(), h.bytes());
 }
 
@@ -241,11 +242,10 @@ void Trainer::restore(StepActivations& a, int i) {
     return;
   }
   if (!a.device[i].empty()) return;
-  // Dropped: run the forward again from the nearest activation still stored.
-  int k = i - 1;
-  while (a.device[k].empty() && a.host[k].empty()) --k;
-  restore(a, k);
-  for (int j = k; j < i; ++j) a.device[j + 1] = layers_[j]->forward(a.device[j], ForwardMode::Recompute);
+  // Dropped: run its layer's forward again, from its inputs restored first.
+  const int layer = i - 1;
+  for (int t : plan_.model.layers[layer].inputs) restore(a, t);
+  a.device[i] = layers_[layer]->forward(inputs_of(plan_.model, layer, a.device), ForwardMode::Recompute);
 }
 
 double Trainer::train_step(int64_t step) {
@@ -271,18 +271,26 @@ double Trainer::train_step(int64_t step) {
 double Trainer::train_micro_batch(int64_t step, int micro) {
   Batch batch = data_->load(step, micro);
   position_ = {config_.seed, step, batch.batch_position};
+  const ModelSpec& m = plan_.model;
   const int L = int(layers_.size());
   StepActivations acts(L);
   acts.device[0] = std::move(batch.images);
   for (int l = 0; l < L; ++l) {
-    acts.device[l + 1] = layers_[l]->forward(acts.device[l]);
-    if (l > 0) stash(acts, l);  // layer l was the last to read its input
+    acts.device[l + 1] = layers_[l]->forward(inputs_of(m, l, acts.device));
+    const std::vector<int>& inputs = m.layers[l].inputs;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const int t = inputs[k];
+      const bool first_mention = std::find(inputs.begin(), inputs.begin() + k, t) == inputs.begin() + k;
+      if (t > 0 && first_mention && m.last_reader(t) == l) stash(acts, t);  // read for the last time
+    }
     note_progress();
   }
   finish_offload(acts);
+  // grads[t]: the gradient of tensor t, summed over its readers as their backwards run.
+  std::vector<Tensor> grads(size_t(L) + 1);
   const Tensor& y = acts.device[L];
-  Tensor dy(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
-  const double loss = loss_and_grad(y, batch, dy);
+  grads[L] = Tensor(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
+  const double loss = loss_and_grad(y, batch, grads[L]);
   if (!std::isfinite(loss)) {
     for (auto& layer : layers_) layer->release_saved();
     throw TrainingDiverged(fmt::format(
@@ -291,12 +299,29 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
         step + 1, std::isnan(loss) ? "NaN" : (loss > 0 ? "+inf" : "-inf"), fmt::join(batch.samples, ", ")));
   }
   for (int l = L - 1; l >= 0; --l) {
-    restore(acts, l);
-    if (l > 0 && !acts.host[l - 1].empty() && acts.device[l - 1].empty()) prefetch(acts, l - 1);
-    Tensor dx = layers_[l]->backward(acts.device[l], acts.device[l + 1], dy, l > 0);
+    const std::vector<int>& inputs = m.layers[l].inputs;
+    for (int t : inputs) restore(acts, t);
+    // The next backward's inputs come back beside this one.
+    if (l > 0)
+      for (int t : m.layers[l - 1].inputs)
+        if (!acts.host[t].empty() && acts.device[t].empty()) prefetch(acts, t);
+    std::vector<bool> need_dx;
+    for (int t : inputs) need_dx.push_back(t > 0);
+    std::vector<Tensor> dx = layers_[l]->backward(inputs_of(m, l, acts.device), acts.device[l + 1], grads[l + 1],
+                                                  need_dx);
     layers_[l]->release_saved();
     acts.device[l + 1].release();
-    dy = std::move(dx);
+    grads[l + 1].release();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      Tensor& sum = grads[inputs[k]];
+      if (!need_dx[k]) continue;
+      if (sum.empty()) {
+        sum = std::move(dx[k]);
+      } else {
+        backend_->add(sum.data(), dx[k].data(), sum.size());
+        dx[k].release();
+      }
+    }
     note_progress();
   }
   return loss;

@@ -107,6 +107,48 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # SPEC section 7's graphs: ResNet blocks (an identity and a strided 1x1 shortcut after a
+    # padded 3x3/2 max pool), and a concatenated skip of a tensor read by three layers.
+    "residual_sgd": dict(
+        input=[45, 38, 1], loss="softmax_cross_entropy", classes=3,
+        optimizer=dict(type="sgd", lr=0.05, momentum=0.9),
+        layers=[
+            dict(type="conv2d", name="stem", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm", momentum=0.9),
+            dict(type="relu"),
+            dict(type="max_pool2d", name="pool", pool=3, stride=2, padding=1),
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="relu"),
+            dict(type="conv2d", name="b1", filters=4, kernel=3, padding="same"),
+            dict(type="add", inputs=["b1", "pool"]),
+            dict(type="relu", name="r1"),
+            dict(type="conv2d", filters=5, kernel=3, stride=2, padding=1),
+            dict(type="relu"),
+            dict(type="conv2d", name="c2b", filters=5, kernel=3, padding="same"),
+            dict(type="conv2d", name="short", filters=5, kernel=1, stride=2, inputs=["r1"]),
+            dict(type="add", inputs=["c2b", "short"]),
+            dict(type="relu", name="r2"),
+            dict(type="concatenate", inputs=["r2", "short", "r2"]),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=3),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
+    "skip_concat_adam": dict(
+        input=[33, 29, 2], loss="sigmoid_bce", masks=True,
+        optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="conv2d", filters=3, kernel=3, padding="same"),
+            dict(type="tanh", name="t"),
+            dict(type="conv2d", filters=3, kernel=5, padding="same", inputs=["input"]),
+            dict(type="add", inputs=["t", "conv2d_2", "t"]),
+            dict(type="concatenate", inputs=["input", "add_1", "t"]),
+            dict(type="conv2d", filters=1, kernel=3, padding="same"),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
 }
 
 COUNT, BATCH, SEED = 6, 4, 99
@@ -156,24 +198,39 @@ def window(n, k, s, d, padding):
 
 
 def layer_names(layers):
-    # Keras numbers per name prefix: relu, sigmoid and tanh are all Activation layers.
+    # An explicit name, or Keras's numbered per name prefix (relu, sigmoid and tanh are all
+    # Activation layers), counting the unnamed layers only.
     prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation", sigmoid="activation",
                   tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
                   avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
-                  global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense")
+                  global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense", add="add",
+                  concatenate="concatenate")
     counts, names = {}, []
     for l in layers:
+        if "name" in l:
+            names.append(l["name"])
+            continue
         p = prefix[l["type"]]
         counts[p] = counts.get(p, 0) + 1
         names.append(f"{p}_{counts[p]}")
     return names
 
 
+def inputs_of(layers, names, i):
+    """The names a layer reads: its `inputs`, or the layer before it ("input" for the first)."""
+    return layers[i].get("inputs", ["input" if i == 0 else names[i - 1]])
+
+
 def init_weights(case, rng):
     """Keras-layout weights per layer name, float32 (what the .h5 file holds)."""
-    c = case["input"][2]
+    names = layer_names(case["layers"])
+    channels = {"input": case["input"][2]}
     weights = {}
-    for name, l in zip(layer_names(case["layers"]), case["layers"]):
+    for i, (name, l) in enumerate(zip(names, case["layers"])):
+        ins = [channels[n] for n in inputs_of(case["layers"], names, i)]
+        c = ins[0]
+        if l["type"] == "concatenate":
+            c = sum(ins)
         t = l["type"]
         if t == "conv2d":
             k = l["kernel"]
@@ -192,6 +249,7 @@ def init_weights(case, rng):
         else:
             w = []
         weights[name] = [(n, np.asarray(v, dtype=np.float32)) for n, v in w]
+        channels[name] = c
     return weights
 
 
@@ -225,7 +283,10 @@ class Torch:
         return [t for (n, w), t in self.p.items() if t.requires_grad]
 
     def forward(self, x, training=True):
-        for n, l in zip(self.names, self.case["layers"]):
+        tensors = {"input": x}
+        for i, (n, l) in enumerate(zip(self.names, self.case["layers"])):
+            ins = [tensors[name] for name in inputs_of(self.case["layers"], self.names, i)]
+            x = ins[0]
             t = l["type"]
             if t == "conv2d":
                 k, s, d = l["kernel"], l.get("stride", 1), l.get("dilation", 1)
@@ -268,6 +329,11 @@ class Torch:
                 x = x.amax(dim=(2, 3))  # ties share the gradient
             elif t == "dense":
                 x = x @ self.p[(n, "kernel:0")] + self.p[(n, "bias:0")]
+            elif t == "add":
+                x = sum(ins[1:], ins[0])
+            elif t == "concatenate":
+                x = torch.cat(ins, dim=1)
+            tensors[n] = x
         return x
 
     def keras(self, n, w):

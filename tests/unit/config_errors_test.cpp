@@ -4,6 +4,7 @@
 #include <string>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
 
 #include "common/config_support.hpp"
 
@@ -109,7 +110,8 @@ TEST(ConfigErrors, UnknownLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: conv3d, filters: 2}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
-            "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout, found 'conv3d'; "
+            "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout | add | "
+            "concatenate, found 'conv3d'; "
             "did you mean 'conv2d'?");
   EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
                   "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");
@@ -120,11 +122,11 @@ TEST(ConfigErrors, KeyNotAllowedForLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu, filters: 3}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: key 'model.layers[0].filters' is not allowed for a relu layer (it is a setting of "
-            "conv2d); allowed keys: type, name");
+            "conv2d); allowed keys: type, name, inputs");
   const std::string pool =
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: max_pool2d, bias: false}\n";
   EXPECT_CONTAINS(error_of(pool), "key 'model.layers[0].bias' is not allowed for a max_pool2d layer (it is a "
-                                  "setting of conv2d, dense); allowed keys: type, name, pool, stride, padding");
+                                  "setting of conv2d, dense); allowed keys: type, name, inputs, pool, stride, padding");
 }
 
 TEST(ConfigErrors, BadSizeUnit) {
@@ -171,6 +173,80 @@ TEST(ConfigErrors, DuplicateLayerNamesNameBothLines) {
   EXPECT_EQ(error_of(clash),
             "cfg.yaml:6: model.layers[1].name: 'conv2d_1' is also the default name of model.layers[0] at "
             "cfg.yaml:5; choose another name");
+}
+
+// SPEC section 7: the graph's errors name the layer, its line and the name.
+std::string graph(const std::string& layers) {
+  return "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  loss: mse\n  layers:\n" + layers;
+}
+
+TEST(ConfigErrors, GraphInputsMustNameEarlierLayers) {
+  const std::string unknown = graph(
+      "    - {type: conv2d, filters: 2, name: stem}\n"
+      "    - {type: relu}\n"
+      "    - {type: add, inputs: [stme, activation_1]}\n");
+  EXPECT_EQ(error_of(unknown),
+            "cfg.yaml:8: model.layers[2].inputs[0]: model.layers[2] (add 'add_1') reads 'stme', which is no layer "
+            "of the model; did you mean 'stem'?");
+  const std::string later = graph(
+      "    - {type: conv2d, filters: 2, name: stem}\n"
+      "    - {type: add, inputs: [stem, r]}\n"
+      "    - {type: relu, name: r}\n");
+  EXPECT_EQ(error_of(later),
+            "cfg.yaml:7: model.layers[1].inputs[1]: model.layers[1] (add 'add_1') reads 'r', which is a later "
+            "layer (model.layers[2]); a layer may only read earlier layers");
+  const std::string self = graph("    - {type: relu, name: r, inputs: [r]}\n");
+  EXPECT_CONTAINS(error_of(self), "reads 'r', which is itself (model.layers[0])");
+  EXPECT_CONTAINS(error_of(graph("    - {type: relu, name: input}\n")),
+                  "model.layers[0].name: 'input' names the model's input; choose another name");
+  EXPECT_CONTAINS(error_of(graph("    - {type: relu, inputs: []}\n")),
+                  "model.layers[0].inputs: expected a list of names of earlier layers (or input)");
+}
+
+TEST(ConfigErrors, GraphLayerThatLeadsNowhere) {
+  const std::string yaml = graph(
+      "    - {type: conv2d, filters: 2, name: a}\n"
+      "    - {type: conv2d, filters: 2, name: b, inputs: [input]}\n"
+      "    - {type: relu}\n");
+  EXPECT_EQ(error_of(yaml),
+            "cfg.yaml:6: model.layers[0]: model.layers[0] (conv2d 'a') is read by no later layer, so it does not "
+            "lead to the model's output (the last layer, 'activation_1'); remove it or name it in a later layer's "
+            "inputs");
+}
+
+TEST(ConfigErrors, GraphJoinsTakeSeveralInputs) {
+  EXPECT_EQ(error_of(graph("    - {type: relu}\n    - {type: add}\n")),
+            "cfg.yaml:7: model.layers[1]: model.layers[1] (add 'add_1') needs inputs: a list of at least 2 layer "
+            "names");
+  EXPECT_EQ(error_of(graph("    - {type: relu}\n    - {type: concatenate, inputs: [activation_1]}\n")),
+            "cfg.yaml:7: model.layers[1].inputs: model.layers[1] (concatenate 'concatenate_1') takes at least 2 "
+            "inputs; found 1");
+  EXPECT_EQ(error_of(graph("    - {type: relu, name: a}\n    - {type: relu, inputs: [a, input]}\n")),
+            "cfg.yaml:7: model.layers[1].inputs: model.layers[1] (relu 'activation_1') takes 1 input; found 2");
+}
+
+TEST(ConfigErrors, GraphJoinShapesNameBothInputs) {
+  // Shapes are the model spec's: build it as `plan` does.
+  auto spec_error = [](const std::string& yaml) -> std::string {
+    try {
+      build_model_spec(parse_config(yaml + "training: {steps: 1}\n", "cfg.yaml"));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
+    return "";
+  };
+  EXPECT_EQ(spec_error(graph("    - {type: conv2d, filters: 2, name: a}\n"
+                             "    - {type: conv2d, filters: 3, padding: same, name: b, inputs: [input]}\n"
+                             "    - {type: add, inputs: [b, a]}\n"
+                             "    - {type: conv2d, filters: 1}\n")),
+            "cfg.yaml:8: model.layers[2] (add 'add_1'): add needs inputs of one shape: input 'b' is 8x8x3 but input "
+            "'a' is 8x8x2 (H x W x C)");
+  EXPECT_EQ(spec_error(graph("    - {type: conv2d, filters: 2, kernel: 3, name: a}\n"
+                             "    - {type: concatenate, inputs: [input, a]}\n"
+                             "    - {type: conv2d, filters: 1}\n")),
+            "cfg.yaml:7: model.layers[1] (concatenate 'concatenate_1'): concatenate joins channels of maps of one "
+            "size: input 'input' is 8x8x1 but input 'a' is 6x6x2 (H x W x C)");
 }
 
 TEST(ConfigErrors, SoftmaxWithMasksIsRejected) {

@@ -47,6 +47,8 @@ ModelSpec make_model(int h, int w, int c, std::vector<LayerConfig> layers, bool 
   if (fcn) {
     spec.layers.resize(spatial);
     spec.spatial_layers = spatial;
+    spec.readers.resize(spatial + 1);
+    spec.readers.back().clear();
   }
   return spec;
 }
@@ -216,14 +218,14 @@ void check_plan(const ModelSpec& m, const ShardPlan& plan) {
     }
     ASSERT_TRUE(plan.layers[l].spatial);
     // Every input element of the layer owned by exactly one shard per group; owned_in is
-    // the previous layer's owned_out.
+    // what the layers that made its inputs own of their outputs.
     for (int g = 0; g < plan.groups; ++g) {
       std::vector<int> count(size_t(L.in.h) * L.in.w, 0);
       for (int s = 0; s < plan.shards(); ++s) {
         const int r = g * plan.shards() + s;
         const Rect own = plan.owned_input(l, r);
-        if (l > 0) {
-          ASSERT_EQ(own, plan.owned_output(l - 1, r));
+        for (int t : L.inputs) {
+          ASSERT_EQ(own, t == 0 ? plan.owned_image(r) : plan.owned_output(t - 1, r)) << "input tensor " << t;
         }
         ASSERT_EQ(own, plan.owned_input(l, s)) << "groups are copies of group 0";
         for (int y = own.rows.lo; y < own.rows.hi; ++y)
@@ -357,6 +359,103 @@ TEST(ShardPlan, RandomSweepAgainstBruteForce) {
   }
   EXPECT_GT(planned, 300);
   EXPECT_GT(rejected, 10);
+}
+
+// A random ResNet/U-Net-encoder style graph: a stem, then blocks with an identity or a
+// strided 1x1 shortcut, a concatenated skip, or a padded 3x3/2 max pool.
+std::vector<LayerConfig> random_graph(std::mt19937& rng, int h, int w) {
+  std::vector<LayerConfig> layers;
+  int counter = 0;
+  auto named = [&](LayerConfig l, std::vector<std::string> inputs = {}) {
+    l.name = "l" + std::to_string(++counter);
+    l.inputs = std::move(inputs);
+    layers.push_back(l);
+    return layers.back().name;
+  };
+  int c = 3;  // channels
+  std::string last = named(conv(c, 3));
+  const int blocks = 1 + int(rng() % 4);
+  for (int b = 0; b < blocks; ++b) {
+    const std::string in = last;
+    switch (rng() % 4) {
+      case 0: {  // identity
+        named(conv(c, 3));
+        named(simple("relu"));
+        last = named(simple("add"), {named(conv(c, 3)), in});
+        break;
+      }
+      case 1: {  // strided, with a 1x1/2 shortcut
+        if (h < 4 || w < 4) break;
+        named(conv(c, 3, 2, 1, {PaddingMode::Explicit, 1}));
+        const std::string main = named(conv(c, 3));
+        const std::string shortcut = named(conv(c, 1, 2, 1, {PaddingMode::Valid, 0}), {in});
+        last = named(simple("add"), {main, shortcut});
+        h = (h + 1) / 2;
+        w = (w + 1) / 2;
+        break;
+      }
+      case 2: {  // a concatenated skip
+        last = named(simple("concatenate"), {named(conv(2, 3 + 2 * int(rng() % 2))), in});
+        c += 2;
+        break;
+      }
+      default: {
+        if (h < 4 || w < 4) break;
+        last = named(pool("max_pool2d", 3, 2, {PaddingMode::Explicit, 1}));
+        h = (h - 1) / 2 + 1;
+        w = (w - 1) / 2 + 1;
+      }
+    }
+  }
+  return layers;
+}
+
+TEST(ShardPlan, RandomGraphsPlanConsistently) {
+  std::mt19937 rng(77);
+  const GridShape grids[] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}, {3, 2}, {1, 4}, {4, 3}};
+  int planned = 0, graphs = 0;
+  for (int iter = 0; iter < 60; ++iter) {
+    const int h = 9 + int(rng() % 90), w = 9 + int(rng() % 90);
+    const bool fcn = rng() % 2 == 0;
+    const ModelSpec m = make_model(h, w, 1, random_graph(rng, h, w), fcn);
+    graphs += m.chain() ? 0 : 1;
+    const int max_r = max_grid_rows(m), max_c = max_grid_cols(m);
+    for (const GridShape g : grids) {
+      SCOPED_TRACE(testing::Message() << "iter " << iter << " input " << h << "x" << w << " grid " << g.rows << "x"
+                                      << g.cols << " fcn " << fcn);
+      if (g.rows > max_r || g.cols > max_c) {
+        EXPECT_THROW(make_shard_plan(m, g), ConfigError);
+        continue;
+      }
+      const ShardPlan plan = make_shard_plan(m, g);  // every grid up to the largest plans
+      check_plan(m, plan);
+      if (HasFatalFailure()) return;
+      ++planned;
+    }
+  }
+  EXPECT_GT(planned, 200);
+  EXPECT_GT(graphs, 40);
+}
+
+TEST(ShardPlan, JoinInputsAtDifferentScalesDoNotLineUp) {
+  // 16 rows: a 2x2/2 conv and a valid 9x9 conv both make 8 rows, downsampled 2x and 1x.
+  LayerConfig a = conv(2, 2, 2, 1, {PaddingMode::Valid, 0}), b = conv(2, 9, 1, 1, {PaddingMode::Valid, 0});
+  a.name = "a";
+  b.name = "b";
+  b.inputs = {"input"};
+  LayerConfig sum = simple("add");
+  sum.inputs = {"a", "b"};
+  const ModelSpec m = make_model(16, 16, 1, {a, b, sum}, false);
+  EXPECT_NO_THROW(make_shard_plan(m, {1, 1}));
+  try {
+    make_shard_plan(m, {2, 1});
+    FAIL() << "planned a join whose inputs' shards do not line up";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("(add 'add_1'): its inputs 'a' and 'b' are split at different rows (2x and "
+                                         "1x downsampled), so their shards do not line up"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ShardPlan, MaxGridIsTheBoundary) {
