@@ -16,6 +16,12 @@ foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activatio
   set_tests_properties(oracle_${case} PROPERTIES LABELS "oracle;mpi" TIMEOUT 900)
 endforeach()
 
+# torchvision's resnet18, written out as a config by the test, against itself in float64.
+add_test(NAME oracle_torchvision_resnet18
+         COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/torchvision_resnet18.py
+                 --halotrain $<TARGET_FILE:halotrain> --workdir ${CMAKE_BINARY_DIR}/oracle)
+set_tests_properties(oracle_torchvision_resnet18 PROPERTIES LABELS "oracle" TIMEOUT 900)
+
 # SPEC section 8 against PyTorch (tests/oracle/section8_oracle.py): predict, evaluate and
 # validation, lr schedules / weight decay / accumulate, augmentation and downsampling.
 foreach(part predict evaluate optimizer augment)

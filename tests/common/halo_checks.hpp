@@ -45,6 +45,8 @@ inline ModelSpec halo_model(int h, int w) {
     LayerSpec ls;
     ls.config = l;
     ls.config.name = fmt::format("layer{}", m.layers.size());
+    ls.inputs = {int(m.layers.size())};
+    ls.ins = {s};
     ls.in = s;
     const bool conv_layer = l.type() == "conv2d";
     const int k = l.integer(conv_layer ? "kernel" : "pool"), d = conv_layer ? l.integer("dilation") : 1;
@@ -55,6 +57,8 @@ inline ModelSpec halo_model(int h, int w) {
     m.layers.push_back(ls);
   }
   m.spatial_layers = int(m.layers.size());
+  m.readers.resize(m.layers.size() + 1);
+  for (size_t l = 0; l < m.layers.size(); ++l) m.readers[l] = {int(l)};
   return m;
 }
 

@@ -69,6 +69,20 @@ TEST_F(CliTest, SeedCaseOnOneDieFitsOnlyOutOfCore) {
   EXPECT_NE(two_dies.output.find("keep       all 24 layers"), std::string::npos) << two_dies.output;
 }
 
+// The ResNet-18-style graph on the seed case fits the two dies of one K80 (issue: model graphs).
+TEST_F(CliTest, ResnetMammoFitsTheTwoDiesOfOneK80) {
+  const std::string cfg = std::string(HALOTRAIN_SOURCE_DIR) + "/configs/resnet-mammo.yaml";
+  const Result r = run("plan " + cfg);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("grid [2, 1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("FITS: peak"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("of 11.17 GiB per device"), std::string::npos) << r.output;
+  // Everything kept does not fit: the plan's policies are what makes it fit.
+  const Result keep = run("plan " + cfg + " --set parallel.activations=keep");
+  EXPECT_EQ(keep.code, 1) << keep.output;
+  EXPECT_NE(keep.output.find("does not fit"), std::string::npos) << keep.output;
+}
+
 TEST_F(CliTest, DatasetShapeThatIsNotTheModelInputNamesBoth) {
   const std::string data = make_data(16, 12);
   const Result r = run("train " + config(data, 18, 12));
