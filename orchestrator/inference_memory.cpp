@@ -39,7 +39,7 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
     const uint64_t ext = m.layers[l].windowed() && !s.in_place ? s.ext : 0;
     if (m.layers[l].windowed())
       for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
-    at_peak(live + ext + s.out, ext, 0);
+    at_peak(live + ext + s.inner + s.out, ext + s.inner, 0);  // a separable conv's inner tensor beside it
     live += s.out;  // the extended copy goes, and each tensor it read for the last time
     const std::vector<int>& in = m.layers[l].inputs;
     for (size_t k = 0; k < in.size(); ++k)

@@ -39,6 +39,41 @@ LayerKind conv2d() {
   return k;
 }
 
+// depthwise_conv2d and separable_conv2d (SPEC section 7): output channel c * m + j of the
+// depthwise part reads input channel c; separable follows it with a 1x1 conv to `filters`.
+LayerKind depthwise(bool separable) {
+  LayerKind k{separable ? "separable_conv2d" : "depthwise_conv2d", separable ? "SeparableConv2D" : "DepthwiseConv2D",
+              separable ? "separable_conv2d" : "depthwise_conv2d", {}, {}, {}};
+  if (separable) k.keys.push_back(required_int("filters"));
+  for (LayerKey key : {with_default("kernel", KeyType::Int, int64_t(1)), with_default("stride", KeyType::Int, int64_t(1)),
+                       with_default("padding", KeyType::Padding, kValid),
+                       with_default("dilation", KeyType::Int, int64_t(1)),
+                       with_default("depth_multiplier", KeyType::Int, int64_t(1)),
+                       with_default("bias", KeyType::Bool, true)})
+    k.keys.push_back(key);
+  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.shape = [separable](LayerSpec& l) {
+    const LayerConfig& c = l.config;
+    require_feature_map(l);
+    const int kernel = c.integer("kernel"), m = c.integer("depth_multiplier"), inner = l.in.c * m;
+    set_windows(l, kernel, c.integer("stride"), c.integer("dilation"), c.padding("padding"));
+    const int cout = separable ? c.integer("filters") : inner;
+    l.out = {cout, l.rows.out, l.cols.out};
+    l.weights.push_back({"depthwise_kernel:0", {kernel, kernel, l.in.c, m}, true, WeightLayout::DepthwiseKernel,
+                         WeightInit::GlorotUniform});
+    const int64_t pixels = int64_t(l.out.h) * l.out.w;
+    l.flops_per_image = 2ll * kernel * kernel * inner * pixels;
+    if (separable) {
+      l.weights.push_back({"pointwise_kernel:0", {1, 1, inner, cout}, true, WeightLayout::ConvKernel,
+                           WeightInit::GlorotUniform});
+      l.flops_per_image += 2ll * inner * cout * pixels;
+      l.inner_channels = inner;
+    }
+    if (c.flag("bias")) l.weights.push_back({"bias:0", {cout}, true, WeightLayout::Keras, WeightInit::Zeros});
+  };
+  return k;
+}
+
 LayerKind pool2d(const char* type, const char* keras_class, const char* keras_prefix, WindowUse backward) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.keys = {with_default("pool", KeyType::Int, int64_t(2)), {"stride", KeyType::Int, std::nullopt, "pool", 1},
@@ -190,6 +225,8 @@ std::vector<LayerKind> builtin_layer_kinds() {
   kinds.push_back(dropout());
   kinds.push_back(add());
   kinds.push_back(concatenate());
+  kinds.push_back(depthwise(false));
+  kinds.push_back(depthwise(true));
   return kinds;
 }
 

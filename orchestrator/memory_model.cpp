@@ -100,6 +100,7 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
     z.out = tile_bytes(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
     const Rect owned = spec.spatial ? plan.owned_input(l, rank) : one;
     z.owned_in = tile_bytes(owned, spec.in.c, b);
+    if (spec.inner_channels > 0) z.inner = tile_bytes(plan.owned_output(l, rank), spec.inner_channels, b);
     for (const Shape3& in : spec.ins) z.owned_ins.push_back(tile_bytes(owned, in.c, b));
     if (spec.windowed()) {
       const Rect need = plan.needed_input(l, rank);
@@ -227,8 +228,10 @@ class StepReplay {
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
+    alloc(kTransient, at(l).inner);  // a separable conv's inner tensor, for its forward only
     alloc(kActivations, act_bytes(l + 1));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
+    release(kTransient, at(l).inner);
     if (w && !keeps_ext(l)) release(kActivations, ext);
     where_[l + 1] = Where::Device;
   }
@@ -282,9 +285,15 @@ class StepReplay {
         ext = gather(l, kTransient);
         ext_kind = kTransient;
       }
+      // A separable conv makes its inner tensor again, then its gradient; the inner goes.
+      const uint64_t inner = at(l).inner;
+      alloc(kTransient, inner);
+      alloc(kTransient, inner);
+      release(kTransient, inner);
       if (frees_window_first) release(ext_kind, ext);
       if (need_dx) {
         alloc(kTransient, at(l).ext);  // gradient of the extended input
+        release(kTransient, inner);    // the inner gradient, read by the input gradient
         if (!frees_window_first) release(ext_kind, ext);
         phase(l, HaloPhase::Cols);
         phase(l, HaloPhase::Rows);
@@ -292,8 +301,9 @@ class StepReplay {
           alloc(kTransient, at(l).owned_in);
           release(kTransient, at(l).ext);
         }
-      } else if (!frees_window_first) {
-        release(ext_kind, ext);
+      } else {
+        if (!frees_window_first) release(ext_kind, ext);
+        release(kTransient, inner);
       }
     } else {
       for (size_t k = 0; k < inputs(l).size(); ++k)

@@ -128,6 +128,7 @@ class StepMemory {
     uint64_t ext = 0;        // the needed input rectangle, halo included
     uint64_t owned_in = 0;   // the owned input
     std::vector<uint64_t> owned_ins;  // the owned part of each input (joins: several)
+    uint64_t inner = 0;      // a tensor inside the layer (LayerSpec::inner_channels)
     uint64_t stage[2] = {};  // send + receive staging of the rows and the cols phase
     bool in_place = false;   // needed == owned: no extended copy
     uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up

@@ -32,6 +32,8 @@ struct Window1D {
 enum class WeightLayout {
   Keras,       // the same
   ConvKernel,  // Keras (kh, kw, cin, cout); the device holds OIHW [cout][cin][kh][kw]
+  DepthwiseKernel,  // Keras (kh, kw, cin, m); the device holds [cin * m][1][kh][kw], output
+                    // channel c * m + j reading input channel c (a grouped conv's OIHW)
 };
 // A weight's first value (Keras's defaults).
 enum class WeightInit {
@@ -64,6 +66,9 @@ struct LayerSpec {
   Window1D rows, cols;  // identity windows for pointwise layers
   std::vector<WeightSpec> weights;
   int64_t flops_per_image = 0;  // forward multiply-adds x 2, for the cost model
+  // Channels of a tensor of the output's size made and freed inside the layer's forward
+  // and again in its backward (separable conv: the depthwise result); 0: none.
+  int inner_channels = 0;
   const LayerKind& kind() const { return *config.kind; }
   // The kind reads a window of its input (conv, pools): it needs halos from neighbours.
   bool windowed() const;

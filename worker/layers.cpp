@@ -117,11 +117,15 @@ class WindowedLayer : public Layer {
   int pad_top_, pad_bottom_, pad_left_, pad_right_;
 };
 
+// conv2d, and depthwise_conv2d: a grouped conv with one group per input channel, whose
+// weight is "depthwise_kernel:0".
 class Conv2DLayer : public WindowedLayer {
  public:
-  using WindowedLayer::WindowedLayer;
+  Conv2DLayer(const LayerContext& ctx, int index, bool depthwise = false)
+      : WindowedLayer(ctx, index), depthwise_(depthwise), kernel_name_(depthwise ? "depthwise_kernel:0" : "kernel:0") {}
 
  protected:
+  // The window's conv; a depthwise one makes in.c() * depth_multiplier channels.
   ConvGeom geom(const Tensor& in) const {
     const LayerSpec& s = spec();
     ConvGeom g;
@@ -129,7 +133,8 @@ class Conv2DLayer : public WindowedLayer {
     g.cin = in.c();
     g.hin = in.h();
     g.win = in.w();
-    g.cout = s.out.c;
+    g.cout = depthwise_ ? in.c() * s.config.integer("depth_multiplier") : s.out.c;
+    g.groups = depthwise_ ? in.c() : 1;
     g.kh = s.rows.kernel;
     g.kw = s.cols.kernel;
     g.stride_h = s.rows.stride;
@@ -142,43 +147,108 @@ class Conv2DLayer : public WindowedLayer {
     g.pad_right = pad_right_;
     return g;
   }
+  struct SizedKernel {
+    std::unique_ptr<ConvKernel> kernel;
+    int batch = 0;
+  };
   // One kernel per batch size: training and inference may take different batches.
-  ConvKernel& kernel(const ConvGeom& g) {
-    SizedKernel& k = g.n == ctx_.local_batch ? train_conv_ : other_conv_;
+  ConvKernel& kernel(const ConvGeom& g, SizedKernel& train, SizedKernel& other) {
+    SizedKernel& k = g.n == ctx_.local_batch ? train : other;
     if (!k.kernel || k.batch != g.n) k = {ctx_.backend.make_conv(g), g.n};
     return *k.kernel;
+  }
+  ConvKernel& kernel(const ConvGeom& g) { return kernel(g, train_conv_, other_conv_); }
+  void check_output(const ConvGeom& g, const Tensor& y) const {
+    if (g.hout() != y.h() || g.wout() != y.w())
+      throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
+                                         g.wout(), y.h(), y.w()));
   }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
     const Tensor& in = gather(x);
     const ConvGeom g = geom(in);
     Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
-    if (g.hout() != y.h() || g.wout() != y.w())
-      throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
-                                         g.wout(), y.h(), y.w()));
-    kernel(g).forward(in.data(), weight("kernel:0"), weight("bias:0"), y.data());
+    check_output(g, y);
+    kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
     if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);
     ConvKernel& k = kernel(geom(in));
-    k.backward_weights(in.data(), dy.data(), weight_grad("kernel:0"), weight_grad("bias:0"));
+    k.backward_weights(in.data(), dy.data(), weight_grad(kernel_name_), weight_grad("bias:0"));
     ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
     if (need_dx) {
       Tensor dext = make_dext(x);
-      k.backward_data(dy.data(), weight("kernel:0"), dext.data());
+      k.backward_data(dy.data(), weight(kernel_name_), dext.data());
+      dx = finish_dx(std::move(dext));
+    }
+    return dx;
+  }
+
+  bool depthwise_;
+  const char* kernel_name_;
+  SizedKernel train_conv_, other_conv_;  // the training batch's, and inference's
+};
+
+// separable_conv2d: the depthwise conv (no bias) into an inner tensor of the output's
+// size, then a 1x1 conv with the bias. The inner tensor lives only inside forward, and
+// backward makes it again from the extended input (LayerSpec::inner_channels; the memory
+// model's replay does the same).
+class SeparableConvLayer : public Conv2DLayer {
+ public:
+  SeparableConvLayer(const LayerContext& ctx, int index) : Conv2DLayer(ctx, index, /*depthwise=*/true) {}
+
+ protected:
+  ConvGeom pointwise_geom(const Tensor& inner) const {
+    ConvGeom g;
+    g.n = inner.n();
+    g.cin = inner.c();
+    g.hin = inner.h();
+    g.win = inner.w();
+    g.cout = spec().out.c;
+    return g;
+  }
+  ConvKernel& pointwise(const ConvGeom& g) { return kernel(g, train_pointwise_, other_pointwise_); }
+  Tensor depthwise_part(const Tensor& in) {
+    const ConvGeom g = geom(in);
+    Tensor inner = make_output(in.n(), g.cout, out_rect_, "depthwise output");
+    check_output(g, inner);
+    kernel(g).forward(in.data(), weight("depthwise_kernel:0"), nullptr, inner.data());
+    return inner;
+  }
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
+    const Tensor& in = gather(x);
+    Tensor inner = depthwise_part(in);
+    Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
+    pointwise(pointwise_geom(inner)).forward(inner.data(), weight("pointwise_kernel:0"), weight("bias:0"), y.data());
+    inner.release();
+    if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    const Tensor& in = regather(x);
+    Tensor inner = depthwise_part(in);
+    ConvKernel& p = pointwise(pointwise_geom(inner));
+    p.backward_weights(inner.data(), dy.data(), weight_grad("pointwise_kernel:0"), weight_grad("bias:0"));
+    Tensor dinner = make_output(x.n(), inner.c(), out_rect_, "depthwise output gradient");
+    p.backward_data(dy.data(), weight("pointwise_kernel:0"), dinner.data());
+    inner.release();
+    ConvKernel& d = kernel(geom(in));
+    d.backward_weights(in.data(), dinner.data(), weight_grad("depthwise_kernel:0"), nullptr);
+    ext_.release();
+    Tensor dx;
+    if (need_dx) {
+      Tensor dext = make_dext(x);
+      d.backward_data(dinner.data(), weight("depthwise_kernel:0"), dext.data());
+      dinner.release();
       dx = finish_dx(std::move(dext));
     }
     return dx;
   }
 
  private:
-  struct SizedKernel {
-    std::unique_ptr<ConvKernel> kernel;
-    int batch = 0;
-  };
-  SizedKernel train_conv_, other_conv_;  // the training batch's, and inference's
+  SizedKernel train_pointwise_, other_pointwise_;
 };
 
 enum class PoolOp { Max, Average };
@@ -617,6 +687,11 @@ std::map<std::string, LayerFactory>& kernels() {
       {"global_max_pool", factory<GlobalMaxPoolLayer>()},
       {"dropout", factory<DropoutLayer>()},
       {"add", factory<AddLayer>()},
+      {"depthwise_conv2d",
+       [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {
+         return std::make_unique<Conv2DLayer>(ctx, index, /*depthwise=*/true);
+       }},
+      {"separable_conv2d", factory<SeparableConvLayer>()},
       {"concatenate", factory<ConcatenateLayer>()},
   };
   return table;

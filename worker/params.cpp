@@ -68,6 +68,15 @@ namespace {
 // Keras conv kernel (kh, kw, cin, cout) <-> OIHW [cout][cin][kh][kw].
 bool is_conv_kernel(const ParamRef& r) { return r.layout == WeightLayout::ConvKernel; }
 
+// Keras (kh, kw, cin, m) <-> [cin * m][kh][kw]: with o = c * m + j, Keras's element
+// (y, x, c, j) is at (y * kw + x) * cin * m + o, the device's at o * kh * kw + y * kw + x.
+bool is_depthwise_kernel(const ParamRef& r) { return r.layout == WeightLayout::DepthwiseKernel; }
+void depthwise_to_device(const ParamRef& r, const float* keras, float* device) {
+  const int64_t taps = r.keras_shape[0] * r.keras_shape[1], outs = int64_t(r.count) / taps;
+  for (int64_t o = 0; o < outs; ++o)
+    for (int64_t t = 0; t < taps; ++t) device[o * taps + t] = keras[t * outs + o];
+}
+
 // Copies the box [start, start + count) of the row-major array `src` of `shape` to `dst`.
 void copy_box(const float* src, const std::vector<int64_t>& shape, const std::vector<int64_t>& start,
               const std::vector<int64_t>& count, float* dst) {
@@ -99,6 +108,13 @@ Tensor staging_buffer(Allocator& a, size_t count) { return Tensor(a, 1, 1, 1, in
 std::vector<float> ParamStore::to_keras(const ParamRef& r) {
   std::vector<float> internal(r.count);
   backend_.to_host(internal.data(), value(r), r.count * sizeof(float));
+  if (is_depthwise_kernel(r)) {
+    std::vector<float> keras(r.count);
+    const int64_t taps = r.keras_shape[0] * r.keras_shape[1], outs = int64_t(r.count) / taps;
+    for (int64_t o = 0; o < outs; ++o)
+      for (int64_t t = 0; t < taps; ++t) keras[t * outs + o] = internal[o * taps + t];
+    return keras;
+  }
   if (!is_conv_kernel(r)) return internal;
   const int64_t kh = r.keras_shape[0], kw = r.keras_shape[1], ci = r.keras_shape[2], co = r.keras_shape[3];
   std::vector<float> keras(r.count);
@@ -121,6 +137,13 @@ void ParamStore::load_keras(const ParamRef& r, const BoxReader& read) {
   const bool host = backend_.kind() == Backend::CPU;  // the CPU backend's arena is host memory
   float* dst = value(r);
   const std::vector<int64_t>& shape = r.keras_shape;
+  if (is_depthwise_kernel(r)) {  // a few taps per channel: read whole, rearranged on the host
+    std::vector<float> keras(r.count), device(r.count);
+    read(std::vector<int64_t>(shape.size(), 0), shape, keras.data());
+    depthwise_to_device(r, keras.data(), device.data());
+    backend_.from_host(dst, device.data(), r.count * sizeof(float));
+    return;
+  }
   // A conv kernel with one input and one output channel has the same layout on both sides.
   if (!is_conv_kernel(r) || shape[2] * shape[3] == 1) {
     const std::vector<int64_t> origin(shape.size(), 0);

@@ -22,6 +22,7 @@ void validate(const ConvGeom& g) {
   need(g.kh > 0 && g.kw > 0, "kernel must be > 0");
   need(g.stride_h > 0 && g.stride_w > 0, "stride must be > 0");
   need(g.dil_h > 0 && g.dil_w > 0, "dilation must be > 0");
+  need(g.groups > 0 && g.cin % g.groups == 0 && g.cout % g.groups == 0, "groups must divide cin and cout");
   need(g.pad_top >= 0 && g.pad_bottom >= 0 && g.pad_left >= 0 && g.pad_right >= 0,
        "padding must be >= 0");
   need(g.hin + g.pad_top + g.pad_bottom >= g.dil_h * (g.kh - 1) + 1 &&
@@ -36,7 +37,7 @@ constexpr int kBand = 4;  // output rows per task: a few KiB per channel, fits L
 // Small convolutions (deep layers of a small shard, tests) run on the calling thread:
 // a parallel region would cost more than the work.
 inline bool worth_parallel(const ConvGeom& g) {
-  return double(g.y_size()) * g.cin * g.kh * g.kw > double(1 << 16);
+  return double(g.y_size()) * g.cin_per_group() * g.kh * g.kw > double(1 << 16);
 }
 
 // Output columns [lo, hi) whose tap `k` lands inside [0, in): 0 <= o*s - pad + k*d < in.
@@ -79,12 +80,14 @@ __attribute__((always_inline)) inline void forward_task(const ConvGeom& g, const
   const int ho = g.hout(), wo = g.wout();
   const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo;
   const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+  const int cig = g.cin_per_group();
   for (int co = 0; co < g.cout; ++co) {
     T* yc = y + (size_t(n) * g.cout + co) * yplane;
     std::fill(yc + size_t(oh0) * wo, yc + size_t(oh1) * wo, bias ? bias[co] : T(0));
-    for (int ci = 0; ci < g.cin; ++ci) {
-      const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
-      const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+    const int c0 = co / g.cout_per_group() * cig;  // the group's first input channel
+    for (int ci = 0; ci < cig; ++ci) {
+      const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane;
+      const T* wc = w + (size_t(co) * cig + ci) * g.kh * g.kw;
       for (int oh = oh0; oh < oh1; ++oh)
         for (int r = 0; r < g.kh; ++r) {
           const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
@@ -161,12 +164,14 @@ void conv2d_backward_data(const ConvGeom& g, const T* dy, const T* w, T* dx) {
   for (int n = 0; n < g.n; ++n)
     for (int b = 0; b < bands; ++b) {
       const int ih0 = b * kBand, ih1 = std::min(g.hin, ih0 + kBand);
+      const int cig = g.cin_per_group(), cog = g.cout_per_group();
       for (int ci = 0; ci < g.cin; ++ci) {
         T* xc = dx + (size_t(n) * g.cin + ci) * xplane;
         std::fill(xc + size_t(ih0) * g.win, xc + size_t(ih1) * g.win, T(0));
-        for (int co = 0; co < g.cout; ++co) {
+        const int group = ci / cig;
+        for (int co = group * cog; co < (group + 1) * cog; ++co) {
           const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
-          const T* wc = w + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+          const T* wc = w + (size_t(co) * cig + ci % cig) * g.kh * g.kw;
           for (int ih = ih0; ih < ih1; ++ih)
             for (int r = 0; r < g.kh; ++r) {
               // ih = oh*s - pad + r*d  =>  oh = (ih + pad - r*d) / s when divisible.
@@ -198,12 +203,14 @@ __attribute__((always_inline)) inline void bwd_weights_task(const ConvGeom& g, c
   const int ho = g.hout(), wo = g.wout();
   const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo, nw = g.w_size();
   const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+  const int cig = g.cin_per_group();
   for (int co = 0; co < g.cout; ++co) {
     const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
     for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
-    for (int ci = 0; ci < g.cin; ++ci) {
-      const T* xc = x + (size_t(n) * g.cin + ci) * xplane;
-      double* ac = a + (size_t(co) * g.cin + ci) * g.kh * g.kw;
+    const int c0 = co / g.cout_per_group() * cig;
+    for (int ci = 0; ci < cig; ++ci) {
+      const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane;
+      double* ac = a + (size_t(co) * cig + ci) * g.kh * g.kw;
       for (int oh = oh0; oh < oh1; ++oh)
         for (int r = 0; r < g.kh; ++r) {
           const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;

@@ -132,7 +132,10 @@ struct DnnlConv2d::Impl {
 
   explicit Impl(const ConvGeom& g) {
     x_md = memory::desc({g.n, g.cin, g.hin, g.win}, dt::f32, tag::nchw);
-    w_md = memory::desc({g.cout, g.cin, g.kh, g.kw}, dt::f32, tag::oihw);
+    // A grouped weight [cout][cin/groups][kh][kw] is goihw with the groups outermost.
+    w_md = g.groups == 1 ? memory::desc({g.cout, g.cin, g.kh, g.kw}, dt::f32, tag::oihw)
+                         : memory::desc({g.groups, g.cout_per_group(), g.cin_per_group(), g.kh, g.kw}, dt::f32,
+                                        tag::goihw);
     b_md = memory::desc({g.cout}, dt::f32, tag::x);
     y_md = memory::desc({g.n, g.cout, g.hout(), g.wout()}, dt::f32, tag::nchw);
     strides = {g.stride_h, g.stride_w};

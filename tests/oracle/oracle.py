@@ -135,6 +135,27 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # MobileNet-style: depthwise and separable convs (strided, dilated, depth multipliers).
+    "separable_max_sgd": dict(
+        input=[41, 36, 2], loss="softmax_cross_entropy", classes=2,
+        optimizer=dict(type="sgd", lr=0.05, momentum=0.9),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="leaky_relu", alpha=0.1),
+            dict(type="depthwise_conv2d", kernel=3, stride=2, padding=1, depth_multiplier=2),
+            dict(type="leaky_relu"),
+            dict(type="separable_conv2d", filters=5, kernel=3, padding="same", dilation=2),
+            dict(type="batch_norm"),
+            dict(type="relu"),
+            dict(type="separable_conv2d", filters=4, kernel=5, stride=2, padding="same", depth_multiplier=3,
+                 bias=False),
+            dict(type="depthwise_conv2d", kernel=3, padding="valid"),
+            dict(type="global_max_pool"),
+            dict(type="dense", units=2),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
     "skip_concat_adam": dict(
         input=[33, 29, 2], loss="sigmoid_bce", masks=True,
         optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
@@ -204,7 +225,8 @@ def layer_names(layers):
                   tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
                   avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
                   global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense", add="add",
-                  concatenate="concatenate")
+                  concatenate="concatenate", depthwise_conv2d="depthwise_conv2d",
+                  separable_conv2d="separable_conv2d")
     counts, names = {}, []
     for l in layers:
         if "name" in l:
@@ -239,6 +261,15 @@ def init_weights(case, rng):
             if l.get("bias", True):
                 w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
             c = l["filters"]
+        elif t in ("depthwise_conv2d", "separable_conv2d"):
+            k, m = l["kernel"], l.get("depth_multiplier", 1)
+            w = [("depthwise_kernel:0", rng.uniform(-1, 1, (k, k, c, m)) * math.sqrt(3.0 / (k * k)))]
+            c = c * m
+            if t == "separable_conv2d":
+                w.append(("pointwise_kernel:0", rng.uniform(-1, 1, (1, 1, c, l["filters"])) * math.sqrt(3.0 / c)))
+                c = l["filters"]
+            if l.get("bias", True):
+                w.append(("bias:0", rng.uniform(-0.1, 0.1, (c,))))
         elif t == "batch_norm":
             w = [("gamma:0", rng.uniform(0.5, 1.5, (c,))), ("beta:0", rng.uniform(-0.2, 0.2, (c,))),
                  ("moving_mean:0", rng.uniform(-0.1, 0.1, (c,))), ("moving_variance:0", rng.uniform(0.5, 1.5, (c,)))]
@@ -272,11 +303,15 @@ class Torch:
         self.step = 0  # the training step: dropout's mask depends on it
         self.names = layer_names(case["layers"])
         self.p = {}
+        self.weights_shape = {}
         for n, l in zip(self.names, case["layers"]):
             for w, v in weights[n]:
+                self.weights_shape[(n, w)] = v.shape
                 t = torch.tensor(v, dtype=torch.float64)
-                if w == "kernel:0" and l["type"] == "conv2d":
+                if (w == "kernel:0" and l["type"] == "conv2d") or w == "pointwise_kernel:0":
                     t = t.permute(3, 2, 0, 1).contiguous()
+                elif w == "depthwise_kernel:0":  # (kh, kw, cin, m) -> [cin * m][1][kh][kw]
+                    t = t.reshape(v.shape[0], v.shape[1], -1).permute(2, 0, 1).unsqueeze(1).contiguous()
                 self.p[(n, w)] = t.requires_grad_(w not in ("moving_mean:0", "moving_variance:0"))
 
     def params(self):
@@ -294,6 +329,15 @@ class Torch:
                 pl, pr = window(x.shape[3], k, s, d, l.get("padding", "valid"))
                 x = F.conv2d(F.pad(x, (pl, pr, pt, pb)), self.p[(n, "kernel:0")], self.p.get((n, "bias:0")),
                              stride=s, dilation=d)
+            elif t in ("depthwise_conv2d", "separable_conv2d"):
+                k, s, d = l["kernel"], l.get("stride", 1), l.get("dilation", 1)
+                pt, pb = window(x.shape[2], k, s, d, l.get("padding", "valid"))
+                pl, pr = window(x.shape[3], k, s, d, l.get("padding", "valid"))
+                separable = t == "separable_conv2d"
+                x = F.conv2d(F.pad(x, (pl, pr, pt, pb)), self.p[(n, "depthwise_kernel:0")],
+                             None if separable else self.p.get((n, "bias:0")), stride=s, dilation=d, groups=x.shape[1])
+                if separable:
+                    x = F.conv2d(x, self.p[(n, "pointwise_kernel:0")], self.p.get((n, "bias:0")))
             elif t == "batch_norm":
                 x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
                                  self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=training,
@@ -338,7 +382,10 @@ class Torch:
 
     def keras(self, n, w):
         t = self.p[(n, w)].detach()
-        if w == "kernel:0" and t.dim() == 4:
+        if w == "depthwise_kernel:0":  # [cin * m][1][kh][kw] -> (kh, kw, cin, m)
+            cin = self.weights_shape[(n, w)][2]
+            t = t.squeeze(1).permute(1, 2, 0).reshape(t.shape[2], t.shape[3], cin, -1)
+        elif t.dim() == 4:
             t = t.permute(2, 3, 1, 0)
         return t.numpy()
 

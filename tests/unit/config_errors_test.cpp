@@ -111,7 +111,7 @@ TEST(ConfigErrors, UnknownLayerType) {
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
             "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout | add | "
-            "concatenate, found 'conv3d'; "
+            "concatenate | depthwise_conv2d | separable_conv2d, found 'conv3d'; "
             "did you mean 'conv2d'?");
   EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
                   "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");
@@ -122,11 +122,11 @@ TEST(ConfigErrors, KeyNotAllowedForLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu, filters: 3}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: key 'model.layers[0].filters' is not allowed for a relu layer (it is a setting of "
-            "conv2d); allowed keys: type, name, inputs");
+            "conv2d, separable_conv2d); allowed keys: type, name, inputs");
   const std::string pool =
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: max_pool2d, bias: false}\n";
   EXPECT_CONTAINS(error_of(pool), "key 'model.layers[0].bias' is not allowed for a max_pool2d layer (it is a "
-                                  "setting of conv2d, dense); allowed keys: type, name, inputs, pool, stride, padding");
+                                  "setting of conv2d, dense, depthwise_conv2d, separable_conv2d); allowed keys: type, name, inputs, pool, stride, padding");
 }
 
 TEST(ConfigErrors, BadSizeUnit) {

@@ -71,6 +71,15 @@ std::vector<ConvGeom> conv_geoms() {
         g.win + g.pad_left + g.pad_right >= g.dil_w * (g.kw - 1) + 1)
       gs.push_back(g);
   }
+  // Grouped: depthwise (one group per input channel, depth multiplier 2 and 1), and two
+  // groups of two input channels.
+  ConvGeom dw = geom(2, 3, 8, 7, 6, 3, 3, 2, 1, 1, 2, 1, 1, 2, 2);
+  dw.groups = 3;
+  ConvGeom dw1 = geom(1, 4, 9, 9, 4, 5, 3, 1, 1, 1, 1, 2, 2, 1, 1);
+  dw1.groups = 4;
+  ConvGeom two = geom(1, 4, 6, 7, 6, 3, 2, 1, 2, 1, 1, 0, 1, 1, 0);
+  two.groups = 2;
+  gs.insert(gs.end(), {dw, dw1, two});
   return gs;
 }
 
@@ -83,14 +92,16 @@ Vec conv_direct(const ConvGeom& g, const Vec& x, const Vec& w, const Vec& b) {
       for (int oh = 0; oh < ho; ++oh)
         for (int ow = 0; ow < wo; ++ow) {
           double s = b.empty() ? 0 : b[co];
-          for (int ci = 0; ci < g.cin; ++ci)
+          // Output channel co of group co / (cout / groups) reads that group's inputs.
+          const int per_group = g.cin / g.groups, first = co / (g.cout / g.groups) * per_group;
+          for (int ci = 0; ci < per_group; ++ci)
             for (int r = 0; r < g.kh; ++r)
               for (int k = 0; k < g.kw; ++k) {
                 const int ih = oh * g.stride_h - g.pad_top + r * g.dil_h;
                 const int iw = ow * g.stride_w - g.pad_left + k * g.dil_w;
                 if (ih < 0 || ih >= g.hin || iw < 0 || iw >= g.win) continue;
-                s += x[((n * g.cin + ci) * g.hin + ih) * g.win + iw] *
-                     w[((co * g.cin + ci) * g.kh + r) * g.kw + k];
+                s += x[((n * g.cin + first + ci) * g.hin + ih) * g.win + iw] *
+                     w[((co * per_group + ci) * g.kh + r) * g.kw + k];
               }
           y[((n * g.cout + co) * ho + oh) * wo + ow] = s;
         }

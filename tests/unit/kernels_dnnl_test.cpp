@@ -85,6 +85,14 @@ std::vector<ConvGeom> dnnl_geoms() {
         g.win + g.pad_left + g.pad_right >= g.dil_w * (g.kw - 1) + 1)
       gs.push_back(g);
   }
+  // Depthwise (groups = cin, multipliers 1 and 3, strided, one-sided pads) and grouped.
+  ConvGeom dw = geom(2, 16, 15, 13, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+  dw.groups = 16;
+  ConvGeom dw3 = geom(1, 8, 14, 11, 24, 5, 5, 2, 2, 1, 1, 0, 3, 2, 2);
+  dw3.groups = 8;
+  ConvGeom grouped = geom(1, 12, 9, 10, 8, 3, 3, 1, 1, 2, 2, 2, 2, 0, 3);
+  grouped.groups = 4;
+  gs.insert(gs.end(), {dw, dw3, grouped});
   return gs;
 }
 

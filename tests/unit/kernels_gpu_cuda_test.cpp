@@ -175,6 +175,12 @@ std::vector<ConvGeom> conv_cases() {
   ConvGeom rect = make(2, 2, 9, 8, 3, 1, 1, 1, 0, 2, 1, 0);
   rect.kh = 3, rect.kw = 2, rect.stride_h = 1, rect.stride_w = 2;
   cases.push_back(rect);
+  // Depthwise (cuDNN's grouped conv; one-sided padding through the padded copy) and grouped.
+  ConvGeom depthwise = make(2, 4, 11, 9, 8, 3, 2, 1, 1, 0, 1, 1);
+  depthwise.groups = 4;
+  ConvGeom grouped = make(1, 6, 10, 8, 4, 3, 1, 1, 1, 1, 1, 1);
+  grouped.groups = 2;
+  cases.insert(cases.end(), {depthwise, grouped});
   return cases;
 }
 

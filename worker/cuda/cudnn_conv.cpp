@@ -45,13 +45,14 @@ std::string describe(const ConvGeom& g) {
   return "conv [" + s(g.n) + "," + s(g.cin) + "," + s(g.hin) + "," + s(g.win) + "] -> " + s(g.cout) + " k" +
          s(g.kh) + "x" + s(g.kw) + " s" + s(g.stride_h) + "x" + s(g.stride_w) + " d" + s(g.dil_h) + "x" +
          s(g.dil_w) + " pad t" + s(g.pad_top) + " b" + s(g.pad_bottom) + " l" + s(g.pad_left) + " r" +
-         s(g.pad_right);
+         s(g.pad_right) + (g.groups > 1 ? " groups " + s(g.groups) : "");
 }
 
 void validate(const ConvGeom& g) {
   const bool ok = g.n > 0 && g.cin > 0 && g.hin > 0 && g.win > 0 && g.cout > 0 && g.kh > 0 && g.kw > 0 &&
                   g.stride_h > 0 && g.stride_w > 0 && g.dil_h > 0 && g.dil_w > 0 && g.pad_top >= 0 &&
-                  g.pad_bottom >= 0 && g.pad_left >= 0 && g.pad_right >= 0 && g.hout() > 0 && g.wout() > 0;
+                  g.pad_bottom >= 0 && g.pad_left >= 0 && g.pad_right >= 0 && g.hout() > 0 && g.wout() > 0 &&
+                  g.groups > 0 && g.cin % g.groups == 0 && g.cout % g.groups == 0;
   if (!ok) throw std::invalid_argument("cuda " + describe(g) + ": invalid geometry");
 }
 
@@ -139,12 +140,13 @@ CudnnConv::CudnnConv(CudaBackend& backend, const ConvGeom& g) : backend_(backend
   CUDNN_CHECK(
       cudnnSetTensor4dDescriptor(y_desc_.d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, g.n, g.cout, ho, wo));
   CUDNN_CHECK(
-      cudnnSetFilter4dDescriptor(w_desc_.d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, g.cout, g.cin, g.kh, g.kw));
+      cudnnSetFilter4dDescriptor(w_desc_.d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, g.cout, g.cin_per_group(), g.kh, g.kw));
   CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_desc_.d, mh, mw, g.stride_h, g.stride_w, g.dil_h, g.dil_w,
                                               CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   // FP32 FMA kernels only: the default math mode lets Ampere and later use TF32 tensor
   // cores, whose 10-bit mantissa would break the float32-vs-reference tolerance.
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv_desc_.d, CUDNN_FMA_MATH));
+  CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv_desc_.d, g.groups));  // depthwise: groups = cin
 
   int n = 0, c = 0, oh = 0, ow = 0;
   CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_desc_.d, x_desc_.d, w_desc_.d, &n, &c, &oh, &ow));
