@@ -33,4 +33,61 @@ struct PoolGeom {
   size_t y_size() const { return size_t(n) * c * hout() * wout(); }
 };
 
+// Layers that read their input by image coordinates (upsampling2d, zero_padding2d,
+// cropping2d): along each axis, local output index o is image output o0 + o, and local
+// input index i is image input i0 + i of an image input of `size`.
+enum class Resample {
+  Nearest,   // image input floor(O / factor)
+  Bilinear,  // half-pixel: src = max((O + 0.5) / factor - 0.5, 0), rows floor(src) and the
+             // next (the last row at the bottom), weighted as torch's upsample_bilinear2d
+  Shift,     // image input O - shift; zero outside the image
+};
+struct ResampleAxis {
+  int out = 1, o0 = 0;   // local outputs, and the image index of the first
+  int in = 1, i0 = 0;    // local inputs (the halo-extended buffer), and the image index of the first
+  int size = 1;          // the image input's extent
+  int factor = 1;        // Nearest, Bilinear
+  int shift = 0;         // Shift
+};
+struct ResampleGeom {
+  Resample mode = Resample::Nearest;
+  int n = 1, c = 1;
+  ResampleAxis rows, cols;
+  size_t x_size() const { return size_t(n) * c * rows.in * cols.in; }
+  size_t y_size() const { return size_t(n) * c * rows.out * cols.out; }
+};
+
+// The (at most two) local inputs output o reads along one axis, with their weights;
+// index -1: none (a shift's zero).
+struct ResampleTaps {
+  int i0 = -1, i1 = -1;
+  float w0 = 0.f, w1 = 0.f;
+};
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline ResampleTaps resample_taps(Resample mode, const ResampleAxis& a, int o) {
+  ResampleTaps t;
+  const int O = a.o0 + o;
+  if (mode == Resample::Shift) {
+    const int I = O - a.shift;
+    if (I >= 0 && I < a.size) t.i0 = I - a.i0, t.w0 = 1.f;
+    return t;
+  }
+  if (mode == Resample::Nearest) {
+    t.i0 = O / a.factor - a.i0;
+    t.w0 = 1.f;
+    return t;
+  }
+  float src = (float(O) + 0.5f) / float(a.factor) - 0.5f;
+  if (src < 0.f) src = 0.f;
+  const int I = int(src);
+  const float lambda = src - float(I);
+  t.i0 = I - a.i0;
+  t.i1 = (I < a.size - 1 ? I + 1 : I) - a.i0;
+  t.w0 = 1.f - lambda;
+  t.w1 = lambda;
+  return t;
+}
+
 }  // namespace ht

@@ -80,6 +80,34 @@ Padding read_padding(const Item& it) {
   it.expected(what);
 }
 
+std::string expected_value(const LayerKey& key);
+
+// Size2: n or [rows, cols] (each >= 1). Margins: n, [rows, cols] or [[top, bottom], [left,
+// right]] (each >= 0), as Keras's ZeroPadding2D and Cropping2D take them.
+std::vector<int64_t> read_ints(const Item& it, const LayerKey& key) {
+  const bool margins = key.type == KeyType::Margins;
+  const int64_t min = margins ? 0 : 1;
+  if (it.node.IsScalar()) {
+    const int64_t v = cfg::as_int(it, min, kIntMax);
+    return margins ? std::vector<int64_t>{v, v, v, v} : std::vector<int64_t>{v, v};
+  }
+  if (!it.node.IsSequence() || it.node.size() != 2) it.expected(expected_value(key));
+  const Item rows = it.element(0), cols = it.element(1);
+  if (!margins) return {cfg::as_int(rows, 1, kIntMax), cfg::as_int(cols, 1, kIntMax)};
+  std::vector<int64_t> out;
+  for (const Item& axis : {rows, cols}) {
+    if (axis.node.IsScalar()) {
+      const int64_t v = cfg::as_int(axis, 0, kIntMax);
+      out.insert(out.end(), {v, v});
+    } else if (axis.node.IsSequence() && axis.node.size() == 2) {
+      out.insert(out.end(), {cfg::as_int(axis.element(0), 0, kIntMax), cfg::as_int(axis.element(1), 0, kIntMax)});
+    } else {
+      axis.expected("an integer >= 0 or a list [before, after]");
+    }
+  }
+  return out;
+}
+
 std::string expected_value(const LayerKey& key) {
   switch (key.type) {
     case KeyType::Int: return fmt::format("an integer >= {}", key.min);
@@ -88,6 +116,9 @@ std::string expected_value(const LayerKey& key) {
     case KeyType::NonNegative: return "a number >= 0";
     case KeyType::Bool: return "true or false";
     case KeyType::Padding: return "an integer >= 0, same or valid";
+    case KeyType::Choice: return "one of " + cfg::join(key.choices, " | ");
+    case KeyType::Size2: return "an integer >= 1 or a list [rows, cols] of them";
+    case KeyType::Margins: return "an integer >= 0, [rows, cols] or [[top, bottom], [left, right]]";
   }
   return "a value";
 }
@@ -106,6 +137,9 @@ LayerValue read_layer_value(const MapReader& r, const LayerKey& key, const Layer
     case KeyType::NonNegative: return r.get_nonneg(name, 0);
     case KeyType::Bool: return r.get_bool(name, false);
     case KeyType::Padding: return read_padding(r[name]);
+    case KeyType::Choice: return key.choices.at(cfg::as_choice(r[name], key.choices));
+    case KeyType::Size2: return read_ints(r[name], key);
+    case KeyType::Margins: return read_ints(r[name], key);
   }
   throw std::logic_error("unknown key type");
 }

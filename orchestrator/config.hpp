@@ -44,8 +44,10 @@ struct Padding {
 
 struct LayerKind;  // orchestrator/layer_kind.hpp: what a layer type is
 
-// One key of a layer: an integer, a number, a flag or a padding.
-using LayerValue = std::variant<int64_t, double, bool, Padding>;
+// One key of a layer: an integer, a number, a flag, a padding, a word of a fixed set
+// (interpolation: nearest) or a list of integers (a size [sh, sw]; margins [top, bottom,
+// left, right]).
+using LayerValue = std::variant<int64_t, double, bool, Padding, std::string, std::vector<int64_t>>;
 
 // The name `inputs` gives the image (SPEC section 7); no layer may take it.
 inline constexpr const char* kInputName = "input";
@@ -67,6 +69,8 @@ struct LayerConfig {
   double number(std::string_view key) const;
   bool flag(std::string_view key) const;
   const Padding& padding(std::string_view key) const;
+  const std::string& choice(std::string_view key) const;
+  const std::vector<int64_t>& ints(std::string_view key) const;
   const LayerValue* find(std::string_view key) const;
   void set(const std::string& key, LayerValue value);  // replaces the value of one of its keys
 };

@@ -151,6 +151,18 @@ void emit_padding(YAML::Emitter& out, const std::string& key, const Padding& p) 
   else out << to_string(p.mode);
 }
 
+// A size as [rows, cols]; margins as [[top, bottom], [left, right]].
+void emit_ints(YAML::Emitter& out, const std::vector<int64_t>& v) {
+  out << YAML::Flow << YAML::BeginSeq;
+  if (v.size() == 4) {
+    out << YAML::Flow << YAML::BeginSeq << v[0] << v[1] << YAML::EndSeq;
+    out << YAML::Flow << YAML::BeginSeq << v[2] << v[3] << YAML::EndSeq;
+  } else {
+    for (int64_t x : v) out << x;
+  }
+  out << YAML::EndSeq;
+}
+
 void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
   out << YAML::Flow << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value << l.type();
@@ -168,6 +180,8 @@ void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
     out << YAML::Key << key << YAML::Value;
     if (const int64_t* i = std::get_if<int64_t>(&value)) out << *i;
     else if (const double* d = std::get_if<double>(&value)) out << num(*d);
+    else if (const std::string* s = std::get_if<std::string>(&value)) out << *s;
+    else if (const auto* v = std::get_if<std::vector<int64_t>>(&value)) emit_ints(out, *v);
     else out << std::get<bool>(value);
   }
   out << YAML::EndMap;

@@ -13,6 +13,10 @@ bool holds_type(const LayerValue& v, KeyType t) {
     case KeyType::Int: return std::holds_alternative<int64_t>(v);
     case KeyType::Bool: return std::holds_alternative<bool>(v);
     case KeyType::Padding: return std::holds_alternative<Padding>(v);
+    case KeyType::Choice: return std::holds_alternative<std::string>(v);
+    case KeyType::Size2: return std::holds_alternative<std::vector<int64_t>>(v) && std::get<std::vector<int64_t>>(v).size() == 2;
+    case KeyType::Margins:
+      return std::holds_alternative<std::vector<int64_t>>(v) && std::get<std::vector<int64_t>>(v).size() == 4;
     default: return std::holds_alternative<double>(v);
   }
 }
@@ -70,6 +74,8 @@ std::string describe_value(const LayerValue& v) {
     std::string operator()(const Padding& p) const {
       return p.mode == PaddingMode::Explicit ? std::to_string(p.value) : to_string(p.mode);
     }
+    std::string operator()(const std::string& s) const { return s; }
+    std::string operator()(const std::vector<int64_t>& v) const { return fmt::format("{}", fmt::join(v, ",")); }
   };
   return std::visit(Text{}, v);
 }
@@ -86,6 +92,10 @@ int LayerConfig::integer(std::string_view key) const { return int(value_of<int64
 double LayerConfig::number(std::string_view key) const { return value_of<double>(*this, key); }
 bool LayerConfig::flag(std::string_view key) const { return value_of<bool>(*this, key); }
 const Padding& LayerConfig::padding(std::string_view key) const { return value_of<Padding>(*this, key); }
+const std::string& LayerConfig::choice(std::string_view key) const { return value_of<std::string>(*this, key); }
+const std::vector<int64_t>& LayerConfig::ints(std::string_view key) const {
+  return value_of<std::vector<int64_t>>(*this, key);
+}
 
 void LayerConfig::set(const std::string& key, LayerValue value) {
   for (auto& [k, v] : values)

@@ -24,6 +24,9 @@ enum class KeyType {
   NonNegative,  // a number >= 0
   Bool,
   Padding,   // an integer >= 0, same or valid (SPEC section 5)
+  Choice,    // one of LayerKey::choices
+  Size2,     // an integer >= 1, or [rows, cols]: {rows, cols}
+  Margins,   // an integer >= 0, [rows, cols], or [[top, bottom], [left, right]]: {top, bottom, left, right}
 };
 
 struct LayerKey {
@@ -32,6 +35,7 @@ struct LayerKey {
   std::optional<LayerValue> default_value;  // none and no default_key: the key is required
   std::string default_key;                  // the default is this (earlier) key's value
   int64_t min = 1;                          // KeyType::Int
+  std::vector<std::string> choices;         // KeyType::Choice
   // Whether a change of it is a change of the model, which resume refuses (the model
   // hash); batch norm's momentum and epsilon may change on resume.
   bool in_model_hash = true;

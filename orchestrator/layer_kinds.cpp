@@ -74,6 +74,99 @@ LayerKind depthwise(bool separable) {
   return k;
 }
 
+// One axis of a window that is not a sliding one (model_spec.hpp's WindowKind).
+Window1D axis_window(WindowKind kind, int in, int out, int kernel, int stride, int pad_lo, int pad_hi) {
+  Window1D w;
+  w.kind = kind;
+  w.in = in;
+  w.out = out;
+  w.kernel = kernel;
+  w.stride = stride;
+  w.pad_lo = pad_lo;
+  w.pad_hi = pad_hi;
+  return w;
+}
+
+// upsampling2d (SPEC section 7): F.interpolate(scale_factor=size, mode=nearest or bilinear,
+// align_corners=False).
+LayerKind upsampling2d() {
+  LayerKind k{"upsampling2d", "UpSampling2D", "up_sampling2d", {}, {}, {}};
+  LayerKey interpolation{"interpolation", KeyType::Choice, std::string("nearest"), "", 1};
+  interpolation.choices = {"nearest", "bilinear"};
+  k.keys = {with_default("size", KeyType::Size2, std::vector<int64_t>{2, 2}), interpolation};
+  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::None, false};
+  k.shape = [](LayerSpec& l) {
+    require_feature_map(l);
+    const std::vector<int64_t>& size = l.config.ints("size");
+    const WindowKind kind = l.config.choice("interpolation") == "bilinear" ? WindowKind::Bilinear : WindowKind::Nearest;
+    const int sh = int(size[0]), sw = int(size[1]);
+    l.rows = axis_window(kind, l.in.h, l.in.h * sh, 1, sh, 0, 0);
+    l.cols = axis_window(kind, l.in.w, l.in.w * sw, 1, sw, 0, 0);
+    l.out = {l.in.c, l.rows.out, l.cols.out};
+    l.flops_per_image = (kind == WindowKind::Bilinear ? 8 : 1) * l.out.elements();
+  };
+  return k;
+}
+
+// conv2d_transpose: F.conv_transpose2d; valid: out = (in - 1) * s + k; same: out = in * s,
+// the k - s extra rows and cols of the full output cropped half at top/left (the smaller
+// half), the rest at bottom/right.
+LayerKind conv2d_transpose() {
+  LayerKind k{"conv2d_transpose", "Conv2DTranspose", "conv2d_transpose", {}, {}, {}};
+  k.keys = {required_int("filters"), with_default("kernel", KeyType::Int, int64_t(1)),
+            with_default("stride", KeyType::Int, int64_t(1)), with_default("padding", KeyType::Padding, kValid),
+            with_default("bias", KeyType::Bool, true)};
+  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.shape = [](LayerSpec& l) {
+    const LayerConfig& c = l.config;
+    require_feature_map(l);
+    const int kernel = c.integer("kernel"), stride = c.integer("stride"), cout = c.integer("filters");
+    const Padding& padding = c.padding("padding");
+    if (padding.mode == PaddingMode::Explicit)
+      throw LayerShapeError(fmt::format("padding must be valid or same; found {}", padding.value));
+    if (kernel < stride)
+      throw LayerShapeError(fmt::format("kernel {} must be at least the stride {}", kernel, stride));
+    const bool same = padding.mode == PaddingMode::Same;
+    const int crop = same ? kernel - stride : 0;
+    auto window = [&](int in) {
+      return axis_window(WindowKind::Transpose, in, same ? in * stride : (in - 1) * stride + kernel, kernel, stride,
+                         crop / 2, crop - crop / 2);
+    };
+    l.rows = window(l.in.h);
+    l.cols = window(l.in.w);
+    l.out = {cout, l.rows.out, l.cols.out};
+    l.weights.push_back({"kernel:0", {kernel, kernel, cout, l.in.c}, true, WeightLayout::ConvKernel,
+                         WeightInit::GlorotUniform});
+    if (c.flag("bias")) l.weights.push_back({"bias:0", {cout}, true, WeightLayout::Keras, WeightInit::Zeros});
+    l.flops_per_image = 2ll * kernel * kernel * l.in.c * cout * l.in.h * l.in.w;
+  };
+  return k;
+}
+
+// zero_padding2d and cropping2d: zeros around the image, or its border rows and cols
+// removed; margins {top, bottom, left, right}.
+LayerKind shift(bool crop) {
+  LayerKind k{crop ? "cropping2d" : "zero_padding2d", crop ? "Cropping2D" : "ZeroPadding2D",
+              crop ? "cropping2d" : "zero_padding2d", {}, {}, {}};
+  const char* key = crop ? "cropping" : "padding";
+  k.keys = {with_default(key, KeyType::Margins, std::vector<int64_t>(4, crop ? 0 : 1))};
+  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::None, false};
+  k.shape = [crop, key](LayerSpec& l) {
+    require_feature_map(l);
+    const std::vector<int64_t>& m = l.config.ints(key);
+    const int sign = crop ? -1 : 1;
+    const int h = l.in.h + sign * int(m[0] + m[1]), w = l.in.w + sign * int(m[2] + m[3]);
+    if (h < 1 || w < 1)
+      throw LayerShapeError(fmt::format("cropping [[{}, {}], [{}, {}]] leaves nothing of its {}x{} input", m[0], m[1],
+                                        m[2], m[3], l.in.h, l.in.w));
+    l.rows = axis_window(WindowKind::Shift, l.in.h, h, 1, 1, sign * int(m[0]), sign * int(m[1]));
+    l.cols = axis_window(WindowKind::Shift, l.in.w, w, 1, 1, sign * int(m[2]), sign * int(m[3]));
+    l.out = {l.in.c, h, w};
+    l.flops_per_image = l.out.elements();
+  };
+  return k;
+}
+
 LayerKind pool2d(const char* type, const char* keras_class, const char* keras_prefix, WindowUse backward) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.keys = {with_default("pool", KeyType::Int, int64_t(2)), {"stride", KeyType::Int, std::nullopt, "pool", 1},
@@ -227,6 +320,10 @@ std::vector<LayerKind> builtin_layer_kinds() {
   kinds.push_back(concatenate());
   kinds.push_back(depthwise(false));
   kinds.push_back(depthwise(true));
+  kinds.push_back(upsampling2d());
+  kinds.push_back(conv2d_transpose());
+  kinds.push_back(shift(false));
+  kinds.push_back(shift(true));
   return kinds;
 }
 

@@ -39,6 +39,33 @@ int64_t ModelSpec::param_count(bool trainable_only) const {
   return n;
 }
 
+namespace {
+int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int ceil_div(int a, int b) { return -floor_div(-a, b); }
+}  // namespace
+
+int Window1D::first_input(int a) const {
+  switch (kind) {
+    case WindowKind::Slide: return a * stride - pad_lo;
+    case WindowKind::Shift: return a - pad_lo;
+    case WindowKind::Transpose: return ceil_div(a + pad_lo - kernel + 1, stride);
+    case WindowKind::Nearest: return floor_div(a, stride);
+    case WindowKind::Bilinear: return floor_div(2 * a + 1 - stride, 2 * stride);  // floor((a + 0.5) / s - 0.5)
+  }
+  return 0;
+}
+
+int Window1D::end_input(int b) const {
+  switch (kind) {
+    case WindowKind::Slide: return (b - 1) * stride - pad_lo + span();
+    case WindowKind::Shift: return b - pad_lo;
+    case WindowKind::Transpose: return floor_div(b - 1 + pad_lo, stride) + 1;
+    case WindowKind::Nearest: return floor_div(b - 1, stride) + 1;
+    case WindowKind::Bilinear: return floor_div(2 * (b - 1) + 1 - stride, 2 * stride) + 2;
+  }
+  return 0;
+}
+
 Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding) {
   Window1D w;
   w.kernel = kernel;

@@ -16,16 +16,27 @@ struct Shape3 {
   bool operator==(const Shape3& o) const { return c == o.c && h == o.h && w == o.w; }
 };
 
-// One axis of a sliding window: output index o reads input [o*stride - pad_lo,
-// o*stride - pad_lo + dilation*(kernel-1) + 1). Pointwise layers have kernel = stride = 1.
+// How the output of a layer reads its input along one axis.
+enum class WindowKind {
+  Slide,      // conv, pools: output o reads [o*stride - pad_lo, o*stride - pad_lo + span),
+              // zeros (or -inf) outside the input; pointwise layers: kernel = stride = 1
+  Shift,      // zero_padding2d, cropping2d: output o is input o - pad_lo (pad_lo < 0 crops)
+  Transpose,  // conv2d_transpose: input i adds into full outputs [i*stride, i*stride + kernel),
+              // whose first pad_lo and last pad_hi are cropped (padding same)
+  Nearest,    // upsampling2d: output o is input floor(o / stride)
+  Bilinear,   // upsampling2d: half-pixel source (o + 0.5) / stride - 0.5, edges clamped
+};
+
 struct Window1D {
-  int kernel = 1, stride = 1, dilation = 1;
+  WindowKind kind = WindowKind::Slide;
+  int kernel = 1, stride = 1, dilation = 1;  // stride: the upsampling factor for the kinds that upsample
   int pad_lo = 0, pad_hi = 0;
   int in = 0, out = 0;
   int span() const { return dilation * (kernel - 1) + 1; }
+  bool upsamples() const { return kind == WindowKind::Transpose || kind == WindowKind::Nearest || kind == WindowKind::Bilinear; }
   // Input range [first, last) that output range [a, b) reads, before clamping to [0, in).
-  int first_input(int a) const { return a * stride - pad_lo; }
-  int end_input(int b) const { return (b - 1) * stride - pad_lo + span(); }
+  int first_input(int a) const;
+  int end_input(int b) const;
 };
 
 // How a weight is laid out on the device, against its Keras layout.

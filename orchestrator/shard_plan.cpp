@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <stdexcept>
 
 #include "orchestrator/layer_kind.hpp"
@@ -27,30 +28,47 @@ const char* axis_key(Axis a) { return a == Axis::Rows ? "max_grid_rows" : "max_g
 const Window1D& window_of(const LayerSpec& l, Axis a) { return a == Axis::Rows ? l.rows : l.cols; }
 int extent(const Shape3& s, Axis a) { return a == Axis::Rows ? s.h : s.w; }
 
-// How far each tensor is downsampled along one axis against the image (the product of
-// the strides on its path), and the tensor whose shard borders all others follow: the
-// coarsest feature map, the last one at that scale (the global pool's input, or the last
-// layer's output for a fully convolutional chain). Shard borders are even there and map
-// to every other feature map by its scale, so a strided window never straddles a border
-// and the inputs of a join line up.
+// A tensor's downsampling against the image along one axis: num / den (strides divide,
+// upsampling multiplies). den 0: not a feature map.
+struct Ratio {
+  int64_t num = 1, den = 1;
+  Ratio times(int64_t n, int64_t d) const {
+    const int64_t a = num * n, b = den * d, g = std::gcd(a, b);
+    return {a / g, b / g};
+  }
+  bool operator<(const Ratio& o) const { return num * o.den < o.num * den; }
+  bool operator==(const Ratio& o) const { return num == o.num && den == o.den; }
+  std::string text() const { return den == 1 ? fmt::format("{}x", num) : fmt::format("{}/{}x", num, den); }
+};
+
+// How far each tensor is downsampled along one axis (the strides and upsamplings on its
+// path), and the tensor whose shard borders all others follow: the coarsest feature map,
+// the last one at that scale (the global pool's input, the last output of a fully
+// convolutional chain, a U-Net's bottom). Shard borders are even there and map to every
+// other feature map by its scale against it, so a strided window never straddles a
+// border, an upsampling's borders are its input's times its factor, and the inputs of a
+// join line up.
 struct Scales {
-  std::vector<int64_t> factor;  // per tensor; 0: not a feature map
-  int reference = 0;            // the tensor the borders are split at
+  std::vector<Ratio> factor;  // per tensor
+  int reference = 0;          // the tensor the borders are split at
 };
 
 Scales scales_of(const ModelSpec& m, Axis axis) {
   Scales s;
-  s.factor.assign(size_t(m.tensors()), 0);
-  s.factor[0] = 1;
+  s.factor.assign(size_t(m.tensors()), Ratio{0, 0});
+  s.factor[0] = {1, 1};
   for (int l = 0; l < int(m.layers.size()); ++l) {
     if (!m.tensor_spatial(l + 1)) continue;
     const LayerSpec& L = m.layers[l];
-    int64_t f = s.factor[L.inputs[0]];
+    Ratio f = s.factor[L.inputs[0]];
     for (int t : L.inputs) f = std::max(f, s.factor[t]);  // unequal scales: refused by plan_axis
-    s.factor[l + 1] = f * (L.windowed() ? (axis == Axis::Rows ? L.rows.stride : L.cols.stride) : 1);
+    const Window1D& w = axis == Axis::Rows ? L.rows : L.cols;
+    if (!L.windowed() || w.kind == WindowKind::Shift) s.factor[l + 1] = f;
+    else if (w.upsamples()) s.factor[l + 1] = f.times(1, w.stride);
+    else s.factor[l + 1] = f.times(w.stride, 1);
   }
   for (int t = 0; t < m.tensors(); ++t)
-    if (s.factor[t] >= s.factor[s.reference]) s.reference = t;
+    if (s.factor[t].den != 0 && !(s.factor[t] < s.factor[s.reference])) s.reference = t;
   return s;
 }
 
@@ -92,14 +110,15 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
   // clamped to its size; the last border is its size.
   std::vector<std::vector<Range>> owned(size_t(m.tensors()));
   for (int t = 0; t < m.tensors(); ++t) {
-    const int64_t f = scales.factor[t];
-    if (f == 0) continue;
-    if (scales.factor[ref] % f != 0)
-      return fmt::format("{} is downsampled {}x along {} and the coarsest feature map {}x; the shard borders of "
+    const Ratio f = scales.factor[t];
+    if (f.den == 0) continue;
+    const Ratio against = scales.factor[ref].times(f.den, f.num);  // the reference's scale against t's
+    if (against.den != 1)
+      return fmt::format("{} is downsampled {} along {} and the coarsest feature map {}; the shard borders of "
                          "the two cannot line up",
-                         t == 0 ? "model.input" : describe(m, t - 1) + ": its output", f, axis_name(axis),
-                         scales.factor[ref]);
-    const int64_t scale = scales.factor[ref] / f, size = extent(m.tensor_shape(t), axis);
+                         t == 0 ? "model.input" : describe(m, t - 1) + ": its output", f.text(), axis_name(axis),
+                         scales.factor[ref].text());
+    const int64_t scale = against.num, size = extent(m.tensor_shape(t), axis);
     std::vector<int> b(parts + 1, 0);
     for (int i = 1; i < parts; ++i) b[i] = int(std::min<int64_t>(border[i] * scale, size));
     b[parts] = int(size);
@@ -121,10 +140,10 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
     for (size_t k = 1; k < L.inputs.size(); ++k)
       if (owned[L.inputs[k]] != in) {
         const int t0 = L.inputs[0], tk = L.inputs[k];
-        return fmt::format("{}: its inputs '{}' and '{}' are split at different {} ({}x and {}x downsampled), so "
+        return fmt::format("{}: its inputs '{}' and '{}' are split at different {} ({} and {} downsampled), so "
                            "their shards do not line up",
                            describe(m, l), tensor_name(m, t0), tensor_name(m, tk), axis_name(axis),
-                           scales.factor[t0], scales.factor[tk]);
+                           scales.factor[t0].text(), scales.factor[tk].text());
       }
     if (L.kind().traits.global_pool) {  // each shard reduces its own part; the result is replicated
       for (int i = 0; i < parts; ++i) {
@@ -137,7 +156,8 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
     // needed_in is widened to cover owned_in (below); that keeps the local output count
     // only while the trailing owned rows a shard does not read are fewer than a stride,
     // i.e. pad_lo < span. A padding wider than the window cannot be split.
-    if (parts > 1 && w.pad_lo >= w.span())
+    const bool slide = w.kind == WindowKind::Slide;
+    if (slide && parts > 1 && w.pad_lo >= w.span())
       return fmt::format(
           "{}: its padding {} is not smaller than its window span {} (kernel {}, dilation {}), so "
           "its input cannot be split along {}",
@@ -156,8 +176,15 @@ std::string plan_axis(const ModelSpec& m, Axis axis, int parts, std::vector<Axis
       // rows, since the layer's input tile and the neighbours' halos come from it.
       a.needed_in[i] = {std::min(std::clamp(first, 0, w.in), a.owned_in[i].lo),
                         std::max(std::clamp(end, 0, w.in), a.owned_in[i].hi)};
-      a.pad_lo[i] = std::max(0, std::min(end, 0) - first);
-      a.pad_hi[i] = std::max(0, end - std::max(first, w.in));
+      if (slide) {  // the zeros of the window beyond the image
+        a.pad_lo[i] = std::max(0, std::min(end, 0) - first);
+        a.pad_hi[i] = std::max(0, end - std::max(first, w.in));
+      } else if (w.kind == WindowKind::Transpose) {
+        // The full transposed output of the needed rows, cropped to the owned ones.
+        const Range& need = a.needed_in[i];
+        a.pad_lo[i] = a.owned_out[i].lo + w.pad_lo - need.lo * w.stride;
+        a.pad_hi[i] = (need.hi - 1) * w.stride + w.kernel - w.pad_lo - a.owned_out[i].hi;
+      }  // the others index by image coordinates, with no padding of their own
     }
     // A shard may only read from its direct neighbours: no halo wider than a neighbour.
     for (int i = 0; i < parts; ++i) {

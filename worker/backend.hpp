@@ -102,6 +102,12 @@ class ComputeBackend {
   virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
   virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
                                    float* dx) = 0;
+  // Upsampling and shifts by image coordinates (kernels/geometry.hpp); the backward
+  // overwrites dx with the adjoint.
+  virtual void resample_forward(const ResampleGeom& g, const float* x, float* y) = 0;
+  virtual void resample_backward(const ResampleGeom& g, const float* dy, float* dx) = 0;
+  // y[b, c, :] += bias[c] for [n, c, hw].
+  virtual void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) = 0;
   // Dropout's mask applied to [n, c, h, w] (kernels/dropout.hpp).
   virtual void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) = 0;
   // Global max pooling of this shard (kernels/cpu/elementwise.hpp): host arrays of n*c.

@@ -13,6 +13,7 @@
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optim.hpp"
 #include "kernels/cpu/pool.hpp"
+#include "kernels/cpu/resample.hpp"
 #include "worker/backend.hpp"
 
 namespace ht {
@@ -148,6 +149,17 @@ class CpuBackend : public ComputeBackend {
   }
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override {
     cpu::global_avg_backward(n, c, hw, dy, scale, dx);
+  }
+  void resample_forward(const ResampleGeom& g, const float* x, float* y) override { cpu::resample_forward(g, x, y); }
+  void resample_backward(const ResampleGeom& g, const float* dy, float* dx) override {
+    cpu::resample_backward(g, dy, dx);
+  }
+  void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) override {
+    for (int64_t p = 0; p < int64_t(n) * c; ++p) {
+      const float b = bias[p % c];
+      float* plane = y + p * hw;
+      for (int64_t i = 0; i < hw; ++i) plane[i] += b;
+    }
   }
   void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) override {
     cpu::dropout_apply(m, n, c, h, w, x, y);

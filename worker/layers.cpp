@@ -251,6 +251,110 @@ class SeparableConvLayer : public Conv2DLayer {
   SizedKernel train_pointwise_, other_pointwise_;
 };
 
+// conv2d_transpose: the data gradient of the conv that maps its output to its input,
+// cropped to this shard's output rows and cols by that conv's padding (the plan's crops).
+class TransposeConvLayer : public Conv2DLayer {
+ public:
+  using Conv2DLayer::Conv2DLayer;
+
+ protected:
+  ConvGeom transposed_geom(int n) const {
+    const LayerSpec& s = spec();
+    ConvGeom g;
+    g.n = n;
+    g.cin = s.out.c;
+    g.hin = out_rect_.rows.size();
+    g.win = out_rect_.cols.size();
+    g.cout = s.in.c;
+    g.kh = s.rows.kernel;
+    g.kw = s.cols.kernel;
+    g.stride_h = s.rows.stride;
+    g.stride_w = s.cols.stride;
+    g.pad_top = pad_top_;
+    g.pad_bottom = pad_bottom_;
+    g.pad_left = pad_left_;
+    g.pad_right = pad_right_;
+    return g;
+  }
+  Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
+    const Tensor& in = gather(x);
+    const ConvGeom g = transposed_geom(x.n());
+    if (g.hout() != in.h() || g.wout() != in.w())
+      throw std::logic_error(fmt::format("{}: transposed conv reads {}x{} inputs, the plan gathered {}x{}", label(),
+                                         g.hout(), g.wout(), in.h(), in.w()));
+    Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
+    kernel(g).backward_data(in.data(), weight("kernel:0"), y.data());
+    if (const float* b = weight("bias:0")) ctx_.backend.add_channel_bias(y.n(), y.c(), int64_t(y.h()) * y.w(), b, y.data());
+    if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    const Tensor& in = regather(x);
+    ConvKernel& k = kernel(transposed_geom(x.n()));
+    k.backward_weights(dy.data(), in.data(), weight_grad("kernel:0"), nullptr);
+    if (float* db = weight_grad("bias:0")) {
+      std::vector<double> sums(size_t(dy.c()));
+      ctx_.backend.channel_sum(dy.n(), dy.c(), int64_t(dy.h()) * dy.w(), dy.data(), sums.data());
+      const std::vector<float> grad(sums.begin(), sums.end());
+      ctx_.backend.from_host(db, grad.data(), grad.size() * sizeof(float));
+    }
+    ext_.release();
+    Tensor dx;
+    if (need_dx) {
+      Tensor dext = make_dext(x);
+      k.forward(dy.data(), weight("kernel:0"), nullptr, dext.data());
+      dx = finish_dx(std::move(dext));
+    }
+    return dx;
+  }
+};
+
+// upsampling2d, zero_padding2d, cropping2d: by image coordinates (kernels/geometry.hpp's
+// ResampleGeom) over the halo-extended input; nothing is kept for backward.
+class ResampleLayer : public WindowedLayer {
+ public:
+  using WindowedLayer::WindowedLayer;
+
+ protected:
+  ResampleGeom geom(int n) const {
+    const LayerSpec& s = spec();
+    const Rect& need = halo_.needed();
+    ResampleGeom g;
+    g.mode = s.rows.kind == WindowKind::Bilinear ? Resample::Bilinear
+             : s.rows.kind == WindowKind::Nearest ? Resample::Nearest
+                                                   : Resample::Shift;
+    g.n = n;
+    g.c = s.in.c;
+    auto axis = [](const Window1D& w, const Range& out, const Range& in) {
+      ResampleAxis a;
+      a.out = out.size();
+      a.o0 = out.lo;
+      a.in = in.size();
+      a.i0 = in.lo;
+      a.size = w.in;
+      a.factor = w.stride;
+      a.shift = w.pad_lo;
+      return a;
+    };
+    g.rows = axis(s.rows, out_rect_.rows, need.rows);
+    g.cols = axis(s.cols, out_rect_.cols, need.cols);
+    return g;
+  }
+  Tensor forward_impl(const Tensor& x, ForwardMode) override {
+    const Tensor& in = gather(x);
+    Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
+    ctx_.backend.resample_forward(geom(x.n()), in.data(), y.data());
+    ext_.release();
+    return y;
+  }
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    if (!need_dx) return Tensor();
+    Tensor dext = make_dext(x);
+    ctx_.backend.resample_backward(geom(x.n()), dy.data(), dext.data());
+    return finish_dx(std::move(dext));
+  }
+};
+
 enum class PoolOp { Max, Average };
 
 class PoolLayer : public WindowedLayer {
@@ -692,6 +796,10 @@ std::map<std::string, LayerFactory>& kernels() {
          return std::make_unique<Conv2DLayer>(ctx, index, /*depthwise=*/true);
        }},
       {"separable_conv2d", factory<SeparableConvLayer>()},
+      {"conv2d_transpose", factory<TransposeConvLayer>()},
+      {"upsampling2d", factory<ResampleLayer>()},
+      {"zero_padding2d", factory<ResampleLayer>()},
+      {"cropping2d", factory<ResampleLayer>()},
       {"concatenate", factory<ConcatenateLayer>()},
   };
   return table;

@@ -36,6 +36,9 @@ void launch_pack_rect(const float* src, int planes, int h, int w, int row0, int 
 void launch_unpack_rect(const float* src, int planes, int h, int w, int row0, int col0, int rows, int cols,
                         float* dst, bool accumulate);
 void launch_add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y);
+// resample.cu: upsampling and shifts by image coordinates; the backward overwrites dx.
+void launch_resample_forward(const ResampleGeom& g, const float* x, float* y);
+void launch_resample_backward(const ResampleGeom& g, const float* dy, float* dx);
 // dx[p, i] = dy[p] * scale for every plane p of hw elements.
 void launch_broadcast_planes(int planes, int64_t hw, const float* dy, double scale, float* dx);
 

@@ -156,6 +156,36 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # A two-level U-Net: bilinear and nearest upsampling, a transposed conv, concatenated
+    # skips, zero padding and cropping that shift coordinates, per-pixel BCE.
+    "unet_bce_adam": dict(
+        input=[44, 40, 1], loss="sigmoid_bce", masks=True,
+        optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="relu", name="r1"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d", filters=6, kernel=3, padding="same"),
+            dict(type="relu", name="r2"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d", filters=6, kernel=3, padding="same"),
+            dict(type="relu"),
+            dict(type="upsampling2d", size=2, interpolation="bilinear", name="u2"),
+            dict(type="concatenate", inputs=["u2", "r2"]),
+            dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="relu", name="r4"),
+            dict(type="conv2d_transpose", name="t1", filters=4, kernel=3, stride=2, padding="same"),
+            dict(type="upsampling2d", name="u1", size=[2, 2], inputs=["r4"]),
+            dict(type="concatenate", inputs=["t1", "u1", "r1"]),
+            dict(type="zero_padding2d", padding=[[2, 1], [1, 2]]),
+            dict(type="cropping2d", cropping=[[1, 0], [0, 1]]),
+            dict(type="conv2d", filters=3, kernel=3, padding="valid"),
+            dict(type="tanh"),
+            dict(type="conv2d_transpose", filters=1, kernel=3, stride=1, padding="same"),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
     "skip_concat_adam": dict(
         input=[33, 29, 2], loss="sigmoid_bce", masks=True,
         optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
@@ -218,6 +248,13 @@ def window(n, k, s, d, padding):
     return int(padding), int(padding)
 
 
+def margins(v):
+    """zero_padding2d / cropping2d margins as ((top, bottom), (left, right))."""
+    if isinstance(v, int):
+        return (v, v), (v, v)
+    return tuple(tuple(a) if isinstance(a, list) else (a, a) for a in v)
+
+
 def layer_names(layers):
     # An explicit name, or Keras's numbered per name prefix (relu, sigmoid and tanh are all
     # Activation layers), counting the unnamed layers only.
@@ -226,7 +263,8 @@ def layer_names(layers):
                   avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
                   global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense", add="add",
                   concatenate="concatenate", depthwise_conv2d="depthwise_conv2d",
-                  separable_conv2d="separable_conv2d")
+                  separable_conv2d="separable_conv2d", upsampling2d="up_sampling2d",
+                  conv2d_transpose="conv2d_transpose", zero_padding2d="zero_padding2d", cropping2d="cropping2d")
     counts, names = {}, []
     for l in layers:
         if "name" in l:
@@ -258,6 +296,12 @@ def init_weights(case, rng):
             k = l["kernel"]
             fan = k * k * c
             w = [("kernel:0", rng.uniform(-1, 1, (k, k, c, l["filters"])) * math.sqrt(3.0 / fan))]
+            if l.get("bias", True):
+                w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
+            c = l["filters"]
+        elif t == "conv2d_transpose":
+            k = l["kernel"]
+            w = [("kernel:0", rng.uniform(-1, 1, (k, k, l["filters"], c)) * math.sqrt(3.0 / (k * k * c)))]
             if l.get("bias", True):
                 w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
             c = l["filters"]
@@ -308,7 +352,7 @@ class Torch:
             for w, v in weights[n]:
                 self.weights_shape[(n, w)] = v.shape
                 t = torch.tensor(v, dtype=torch.float64)
-                if (w == "kernel:0" and l["type"] == "conv2d") or w == "pointwise_kernel:0":
+                if (w == "kernel:0" and l["type"] in ("conv2d", "conv2d_transpose")) or w == "pointwise_kernel:0":
                     t = t.permute(3, 2, 0, 1).contiguous()
                 elif w == "depthwise_kernel:0":  # (kh, kw, cin, m) -> [cin * m][1][kh][kw]
                     t = t.reshape(v.shape[0], v.shape[1], -1).permute(2, 0, 1).unsqueeze(1).contiguous()
@@ -338,6 +382,27 @@ class Torch:
                              None if separable else self.p.get((n, "bias:0")), stride=s, dilation=d, groups=x.shape[1])
                 if separable:
                     x = F.conv2d(x, self.p[(n, "pointwise_kernel:0")], self.p.get((n, "bias:0")))
+            elif t == "conv2d_transpose":
+                k, s = l["kernel"], l.get("stride", 1)
+                x_in = x
+                x = F.conv_transpose2d(x, self.p[(n, "kernel:0")], self.p.get((n, "bias:0")), stride=s)
+                if l.get("padding", "valid") == "same":  # the k - s extra rows: the smaller half at the top
+                    crop = k - s
+                    h, w = x_in.shape[2] * s, x_in.shape[3] * s
+                    x = x[:, :, crop // 2:crop // 2 + h, crop // 2:crop // 2 + w]
+            elif t == "upsampling2d":
+                size = l.get("size", 2)
+                size = tuple(size) if isinstance(size, list) else (size, size)
+                mode = l.get("interpolation", "nearest")
+                x = F.interpolate(x, scale_factor=size, mode=mode,
+                                  **({"align_corners": False} if mode == "bilinear" else {}))
+            elif t in ("zero_padding2d", "cropping2d"):
+                (top, bottom), (left, right) = margins(l.get("padding" if t == "zero_padding2d" else "cropping",
+                                                             1 if t == "zero_padding2d" else 0))
+                if t == "zero_padding2d":
+                    x = F.pad(x, (left, right, top, bottom))
+                else:
+                    x = x[:, :, top:x.shape[2] - bottom, left:x.shape[3] - right]
             elif t == "batch_norm":
                 x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
                                  self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=training,

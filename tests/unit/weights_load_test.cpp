@@ -122,6 +122,13 @@ class StandInDevice final : public ComputeBackend {
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override {
     cpu_->global_avg_backward(n, c, hw, dy, scale, dx);
   }
+  void resample_forward(const ResampleGeom& g, const float* x, float* y) override { cpu_->resample_forward(g, x, y); }
+  void resample_backward(const ResampleGeom& g, const float* dy, float* dx) override {
+    cpu_->resample_backward(g, dy, dx);
+  }
+  void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) override {
+    cpu_->add_channel_bias(n, c, hw, bias, y);
+  }
   void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) override {
     cpu_->dropout_apply(m, n, c, h, w, x, y);
   }

@@ -304,6 +304,21 @@ void CudaBackend::global_avg_sum(int n, int c, int64_t hw, const float* x, doubl
   finish_on_host(part, planes, blocks, host_sums);
 }
 
+void CudaBackend::resample_forward(const ResampleGeom& g, const float* x, float* y) {
+  bind();
+  launch_resample_forward(g, x, y);
+}
+
+void CudaBackend::resample_backward(const ResampleGeom& g, const float* dy, float* dx) {
+  bind();
+  launch_resample_backward(g, dy, dx);
+}
+
+void CudaBackend::add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) {
+  bind();
+  launch_add_channel_bias(n, c, hw, bias, y);
+}
+
 void CudaBackend::dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) {
   bind();
   launch_dropout_apply(m, n, c, h, w, x, y);

@@ -79,6 +79,9 @@ class CudaBackend final : public ComputeBackend {
                            float* dx) override;
   void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
+  void resample_forward(const ResampleGeom& g, const float* x, float* y) override;
+  void resample_backward(const ResampleGeom& g, const float* dy, float* dx) override;
+  void add_channel_bias(int n, int c, int64_t hw, const float* bias, float* y) override;
   void dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y) override;
   void global_max(int n, int c, int64_t hw, const float* x, double* host_maxes) override;
   void global_max_count(int n, int c, int64_t hw, const float* x, const double* host_maxes,
