@@ -37,6 +37,17 @@ inline ModelSpec halo_model(int h, int w) {
       "max_pool2d", {{"pool", int64_t(3)}, {"stride", int64_t(2)}, {"padding", Padding{PaddingMode::Same, 0}}}));
   LayerConfig last = conv(1, 1, 1, 1, {PaddingMode::Valid, 0});
   c.model.layers.push_back(last);
+  // The windows that read by image coordinates, and a depthwise conv.
+  c.model.layers.push_back(make_layer_config(
+      "upsampling2d", {{"size", std::vector<int64_t>{2, 2}}, {"interpolation", std::string("bilinear")}}));
+  c.model.layers.push_back(make_layer_config("conv2d_transpose", {{"filters", int64_t(2)},
+                                                                  {"kernel", int64_t(3)},
+                                                                  {"stride", int64_t(2)},
+                                                                  {"padding", Padding{PaddingMode::Same, 0}}}));
+  c.model.layers.push_back(make_layer_config("zero_padding2d", {{"padding", std::vector<int64_t>{1, 2, 2, 0}}}));
+  c.model.layers.push_back(make_layer_config("cropping2d", {{"cropping", std::vector<int64_t>{2, 0, 1, 1}}}));
+  c.model.layers.push_back(make_layer_config(
+      "depthwise_conv2d", {{"kernel", int64_t(3)}, {"padding", Padding{PaddingMode::Same, 0}}}));
   // The output is smaller than the input: fine for exchange tests, never trained.
   ModelSpec m;
   m.input = {2, h, w};
@@ -48,11 +59,7 @@ inline ModelSpec halo_model(int h, int w) {
     ls.inputs = {int(m.layers.size())};
     ls.ins = {s};
     ls.in = s;
-    const bool conv_layer = l.type() == "conv2d";
-    const int k = l.integer(conv_layer ? "kernel" : "pool"), d = conv_layer ? l.integer("dilation") : 1;
-    ls.rows = make_window(s.h, k, l.integer("stride"), d, l.padding("padding"));
-    ls.cols = make_window(s.w, k, l.integer("stride"), d, l.padding("padding"));
-    ls.out = {conv_layer ? l.integer("filters") : s.c, ls.rows.out, ls.cols.out};
+    l.kind->shape(ls);  // the kind's own windows, shapes and weights
     s = ls.out;
     m.layers.push_back(ls);
   }

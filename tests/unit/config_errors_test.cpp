@@ -111,7 +111,8 @@ TEST(ConfigErrors, UnknownLayerType) {
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
             "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout | add | "
-            "concatenate | depthwise_conv2d | separable_conv2d, found 'conv3d'; "
+            "concatenate | depthwise_conv2d | separable_conv2d | upsampling2d | conv2d_transpose | zero_padding2d | "
+            "cropping2d, found 'conv3d'; "
             "did you mean 'conv2d'?");
   EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
                   "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");
@@ -122,11 +123,11 @@ TEST(ConfigErrors, KeyNotAllowedForLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu, filters: 3}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: key 'model.layers[0].filters' is not allowed for a relu layer (it is a setting of "
-            "conv2d, separable_conv2d); allowed keys: type, name, inputs");
+            "conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs");
   const std::string pool =
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: max_pool2d, bias: false}\n";
   EXPECT_CONTAINS(error_of(pool), "key 'model.layers[0].bias' is not allowed for a max_pool2d layer (it is a "
-                                  "setting of conv2d, dense, depthwise_conv2d, separable_conv2d); allowed keys: type, name, inputs, pool, stride, padding");
+                                  "setting of conv2d, dense, depthwise_conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs, pool, stride, padding");
 }
 
 TEST(ConfigErrors, BadSizeUnit) {
@@ -247,6 +248,48 @@ TEST(ConfigErrors, GraphJoinShapesNameBothInputs) {
                              "    - {type: conv2d, filters: 1}\n")),
             "cfg.yaml:7: model.layers[1] (concatenate 'concatenate_1'): concatenate joins channels of maps of one "
             "size: input 'input' is 8x8x1 but input 'a' is 6x6x2 (H x W x C)");
+}
+
+TEST(ConfigErrors, NewLayerKeysNameWhatIsExpected) {
+  EXPECT_EQ(error_of(graph("    - {type: upsampling2d, interpolation: bicubic}\n")),
+            "cfg.yaml:6: model.layers[0].interpolation: expected one of nearest | bilinear, found 'bicubic'");
+  EXPECT_CONTAINS(error_of(graph("    - {type: upsampling2d, size: [2]}\n")),
+                  "model.layers[0].size: expected an integer >= 1 or a list [rows, cols] of them, found a list of 1");
+  EXPECT_CONTAINS(error_of(graph("    - {type: upsampling2d, size: 0}\n")), "model.layers[0].size: expected");
+  EXPECT_CONTAINS(error_of(graph("    - {type: zero_padding2d, padding: [[1, 2], [3]]}\n")),
+                  "model.layers[0].padding[1]: expected an integer >= 0 or a list [before, after], found a list of 1");
+  EXPECT_CONTAINS(error_of(graph("    - {type: cropping2d, cropping: -1}\n")), "model.layers[0].cropping: expected");
+  EXPECT_CONTAINS(error_of(graph("    - {type: depthwise_conv2d, depth_multiplier: 0}\n")),
+                  "model.layers[0].depth_multiplier: expected an integer >= 1, found '0'");
+  EXPECT_CONTAINS(error_of(graph("    - {type: separable_conv2d, kernel: 3}\n")),
+                  "model.layers[0].filters");
+}
+
+TEST(ConfigErrors, NewLayerShapesNameTheLayer) {
+  auto spec_error = [](const std::string& yaml) -> std::string {
+    try {
+      build_model_spec(parse_config(yaml + "training: {steps: 1}\n", "cfg.yaml"));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
+    return "";
+  };
+  EXPECT_EQ(spec_error(graph("    - {type: cropping2d, cropping: [[5, 3], [0, 0]]}\n")),
+            "cfg.yaml:6: model.layers[0] (cropping2d 'cropping2d_1'): cropping [[5, 3], [0, 0]] leaves nothing of "
+            "its 8x8 input");
+  EXPECT_EQ(spec_error(graph("    - {type: conv2d_transpose, filters: 1, kernel: 2, stride: 3}\n")),
+            "cfg.yaml:6: model.layers[0] (conv2d_transpose 'conv2d_transpose_1'): kernel 2 must be at least the "
+            "stride 3");
+  EXPECT_EQ(spec_error(graph("    - {type: conv2d_transpose, filters: 1, kernel: 3, padding: 1}\n")),
+            "cfg.yaml:6: model.layers[0] (conv2d_transpose 'conv2d_transpose_1'): padding must be valid or same; "
+            "found 1");
+  // A U-Net whose skip does not match the upsampled size names both.
+  EXPECT_CONTAINS(spec_error(graph("    - {type: max_pool2d, name: down}\n"
+                                   "    - {type: conv2d, filters: 1, kernel: 3}\n"
+                                   "    - {type: upsampling2d, name: up}\n"
+                                   "    - {type: concatenate, inputs: [up, input]}\n")),
+                  "concatenate joins channels of maps of one size: input 'up' is 4x4x1 but input 'input' is 8x8x1");
 }
 
 TEST(ConfigErrors, SoftmaxWithMasksIsRejected) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 #include "common/config_support.hpp"
@@ -317,6 +318,43 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.slurm.account, b.slurm.account);
   EXPECT_EQ(a.slurm.signal, b.slurm.signal);
   EXPECT_EQ(a.slurm.extra, b.slurm.extra);
+}
+
+// SPEC section 7's graph and its new layers' values (inputs, words, sizes, margins).
+TEST(Config, GraphsAndNewLayerValuesRoundTrip) {
+  const std::string yaml = R"(data: {train: d.h5}
+model:
+  input: [16, 16, 1]
+  loss: sigmoid_bce
+  layers:
+    - {type: conv2d, name: stem, filters: 2, kernel: 3, padding: same}
+    - {type: max_pool2d}
+    - {type: upsampling2d, size: [2, 2], interpolation: bilinear, name: up}
+    - {type: conv2d_transpose, filters: 2, kernel: 3, stride: 1, padding: same}
+    - {type: concatenate, inputs: [up, stem, conv2d_transpose_1]}
+    - {type: zero_padding2d, padding: [[1, 2], 3]}
+    - {type: cropping2d, cropping: [[2, 1], [3, 3]]}
+    - {type: separable_conv2d, filters: 1, kernel: 3, padding: same, depth_multiplier: 2}
+training: {steps: 1}
+)";
+  const Config c = parse_config(yaml, "graph.yaml");
+  const auto& layers = c.model.layers;
+  EXPECT_EQ(layers[4].inputs, (std::vector<std::string>{"up", "stem", "conv2d_transpose_1"}));
+  EXPECT_TRUE(layers[3].inputs.empty());
+  EXPECT_EQ(layers[2].choice("interpolation"), "bilinear");
+  EXPECT_EQ(layers[2].ints("size"), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(layers[5].ints("padding"), (std::vector<int64_t>{1, 2, 3, 3}));
+  EXPECT_EQ(layers[6].ints("cropping"), (std::vector<int64_t>{2, 1, 3, 3}));
+  const std::string text = to_yaml(c);
+  const Config back = parse_config(text, "to_yaml");
+  expect_same(c, back);
+  for (size_t i = 0; i < layers.size(); ++i) EXPECT_EQ(back.model.layers[i].inputs, layers[i].inputs) << i;
+  EXPECT_EQ(to_yaml(back), text);
+  const ModelSpec m = build_model_spec(c);
+  EXPECT_EQ(m.layers[4].inputs, (std::vector<int>{3, 1, 4}));
+  EXPECT_EQ(m.layers[4].out.c, 6);
+  EXPECT_EQ(m.readers[1], (std::vector<int>{1, 4}));
+  EXPECT_EQ(m.output(), (Shape3{1, 16, 16}));
 }
 
 TEST(Config, ToYamlRoundTrips) {

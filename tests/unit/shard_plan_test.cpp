@@ -95,6 +95,30 @@ bool reference_feasible(const ModelSpec& m, bool rows, int parts) {
 }
 
 // ---- Brute-force checks of a plan. ----
+// The input rows output row o reads, from each window kind's definition (SPEC sections 5
+// and 7), unclamped.
+std::vector<int> reads(const Window1D& w, int o) {
+  std::vector<int> r;
+  switch (w.kind) {
+    case WindowKind::Slide:
+      for (int j = 0; j < w.kernel; ++j) r.push_back(o * w.stride - w.pad_lo + j * w.dilation);
+      break;
+    case WindowKind::Shift: r.push_back(o - w.pad_lo); break;
+    case WindowKind::Nearest: r.push_back(o / w.stride); break;
+    case WindowKind::Bilinear: {
+      const double src = std::max((o + 0.5) / w.stride - 0.5, 0.0);
+      r.push_back(int(src));
+      r.push_back(std::min(int(src) + 1, w.in - 1));
+      break;
+    }
+    case WindowKind::Transpose:  // every input whose kernel footprint covers the full output row
+      for (int i = 0; i < w.in; ++i)
+        if (i * w.stride <= o + w.pad_lo && o + w.pad_lo < i * w.stride + w.kernel) r.push_back(i);
+      break;
+  }
+  return r;
+}
+
 bool inside(const Rect& r, int y, int x) { return y >= r.rows.lo && y < r.rows.hi && x >= r.cols.lo && x < r.cols.hi; }
 
 void check_window_geometry(const ModelSpec& m, const ShardPlan& plan, int l, bool rows) {
@@ -105,8 +129,7 @@ void check_window_geometry(const ModelSpec& m, const ShardPlan& plan, int l, boo
     ASSERT_FALSE(out.empty());
     int lo = INT32_MAX, hi = INT32_MIN;  // unclamped hull of every read
     for (int o = out.lo; o < out.hi; ++o)
-      for (int j = 0; j < w.kernel; ++j) {
-        const int x = o * w.stride - w.pad_lo + j * w.dilation;
+      for (int x : reads(w, o)) {
         lo = std::min(lo, x);
         hi = std::max(hi, x + 1);
       }
@@ -114,6 +137,20 @@ void check_window_geometry(const ModelSpec& m, const ShardPlan& plan, int l, boo
     const Range own = a.owned_in[i];
     const Range expected{std::min(std::clamp(lo, 0, w.in), own.lo), std::max(std::clamp(hi, 0, w.in), own.hi)};
     EXPECT_EQ(a.needed_in[i], expected) << "layer " << l << " shard " << i;
+    if (w.kind == WindowKind::Transpose) {
+      // The full transposed output of the needed rows, less the crops, is the owned output.
+      const Range& need = a.needed_in[i];
+      EXPECT_GE(a.pad_lo[i], 0);
+      EXPECT_GE(a.pad_hi[i], 0);
+      EXPECT_EQ(need.lo * w.stride - w.pad_lo + a.pad_lo[i], out.lo) << "layer " << l << " shard " << i;
+      EXPECT_EQ((need.hi - 1) * w.stride + w.kernel - w.pad_lo - a.pad_hi[i], out.hi) << "layer " << l;
+      continue;
+    }
+    if (w.kind != WindowKind::Slide) {  // read by image coordinates: no padding of their own
+      EXPECT_EQ(a.pad_lo[i], 0);
+      EXPECT_EQ(a.pad_hi[i], 0);
+      continue;
+    }
     EXPECT_LT(own.hi - std::clamp(hi, 0, w.in), w.stride) << "unread owned rows must not add an output";
     EXPECT_EQ(a.pad_lo[i], std::max(0, std::min(hi, 0) - lo));
     EXPECT_EQ(a.pad_hi[i], std::max(0, hi - std::max(lo, w.in)));
@@ -377,7 +414,7 @@ std::vector<LayerConfig> random_graph(std::mt19937& rng, int h, int w) {
   const int blocks = 1 + int(rng() % 4);
   for (int b = 0; b < blocks; ++b) {
     const std::string in = last;
-    switch (rng() % 4) {
+    switch (rng() % 6) {
       case 0: {  // identity
         named(conv(c, 3));
         named(simple("relu"));
@@ -397,6 +434,29 @@ std::vector<LayerConfig> random_graph(std::mt19937& rng, int h, int w) {
       case 2: {  // a concatenated skip
         last = named(simple("concatenate"), {named(conv(2, 3 + 2 * int(rng() % 2))), in});
         c += 2;
+        break;
+      }
+      case 3: {  // a U-Net level: down, and up again by upsampling or a transposed conv
+        if (h % 2 || w % 2 || h < 4 || w < 4) break;
+        named(pool("max_pool2d", 2, 2));
+        named(conv(c, 3));
+        std::string up;
+        if (rng() % 2) {
+          up = named(make_layer_config("upsampling2d", {{"interpolation", std::string(rng() % 2 ? "bilinear" : "nearest")}}));
+        } else {
+          up = named(make_layer_config("conv2d_transpose", {{"filters", int64_t(c)},
+                                                             {"kernel", int64_t(2 + rng() % 3)},
+                                                             {"stride", int64_t(2)},
+                                                             {"padding", Padding{PaddingMode::Same, 0}}}));
+        }
+        last = named(simple("concatenate"), {up, in});
+        c *= 2;
+        break;
+      }
+      case 4: {  // coordinates shifted and back: zero padding, cropping, an identity shortcut
+        named(make_layer_config("zero_padding2d", {{"padding", std::vector<int64_t>{2, 1, 0, 1}}}));
+        const std::string back = named(make_layer_config("cropping2d", {{"cropping", std::vector<int64_t>{1, 2, 1, 0}}}));
+        last = named(simple("add"), {back, in});
         break;
       }
       default: {
