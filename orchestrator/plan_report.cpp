@@ -30,6 +30,13 @@ std::string json_string(const std::string& s) {
 
 std::string window_text(const LayerSpec& l) {
   if (!l.windowed()) return "-";
+  switch (l.rows.kind) {
+    case WindowKind::Slide: break;
+    case WindowKind::Transpose: return fmt::format("{}x{} up{}", l.rows.kernel, l.cols.kernel, l.rows.stride);
+    case WindowKind::Nearest: return fmt::format("up{}x{} near", l.rows.stride, l.cols.stride);
+    case WindowKind::Bilinear: return fmt::format("up{}x{} bilin", l.rows.stride, l.cols.stride);
+    case WindowKind::Shift: return "shift";
+  }
   return fmt::format("{}x{} s{} d{}", l.rows.kernel, l.cols.kernel, l.rows.stride, l.rows.dilation);
 }
 

@@ -76,6 +76,9 @@ foreach(scenario bad_input completes restart requeue kill_rank two_nodes node_lo
                        RESOURCE_LOCK halotrain_local_slurm)
 endforeach()
 
+# The graph configs (unet-demo, resnet-mammo at 1/16 on CPU) train with the memory model exact.
+ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${CMAKE_BINARY_DIR}/graph-configs)
+
 # Activation policies keep/offload/recompute/auto on the demo: bit-identical checkpoints,
 # measured peak memory per rank within 10% of the memory model, a tight budget honoured.
 ht_script_test(memory_policies "memory" 600 memory/policies_test.py
