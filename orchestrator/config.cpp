@@ -323,10 +323,6 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   c.classes = int(s.get_int("classes", c.classes, 1, kIntMax));
   c.masks = s.get_bool("masks", c.masks);
   c.validation_count = int(s.get_int("validation_count", c.validation_count, 0, kIntMax));
-  if (loss == LossType::SoftmaxCrossEntropy && c.masks)
-    s["masks"].fail(fmt::format("{}: model.loss softmax_cross_entropy trains on class labels, so masks must be "
-                                "false, found true",
-                                s["masks"].path));
   d.synthesize = c;
 }
 

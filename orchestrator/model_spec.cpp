@@ -116,6 +116,10 @@ void check_metrics(const Config& config, bool spatial_out, int classes) {
       throw ConfigError(fmt::format("{}: training.metrics: {} is for masks; this model outputs {} class scores "
                                     "(use accuracy or auc)",
                                     config.source_path, name, classes));
+    if (spatial_out && classes > 2 && (m == Metric::Dice || m == Metric::IoU))
+      throw ConfigError(fmt::format("{}: training.metrics: {} is for two-class masks; this model outputs {} classes "
+                                    "per pixel (use accuracy)",
+                                    config.source_path, name, classes));
     if (m == Metric::AUC && classes > 2)
       throw ConfigError(fmt::format("{}: training.metrics: auc needs two classes (dense units 1 or 2); the "
                                     "model's output has {} classes",
@@ -200,7 +204,13 @@ ModelSpec build_model_spec(const Config& config) {
   const bool spatial_out = spec.spatial_layers == int(spec.layers.size());
   switch (spec.loss) {
     case LossType::SoftmaxCrossEntropy:
-      if (spatial_out || out.c < 2)
+      // Per pixel (SPEC section 7): K >= 2 channels at the input's size, class maps as targets.
+      if (spatial_out && (out.c < 2 || out.h != spec.input.h || out.w != spec.input.w))
+        throw ConfigError(fmt::format(
+            "{}: model.loss softmax_cross_entropy on class maps expects an output of {}x{}xK (the input size, "
+            "K >= 2 classes); found {}x{}x{}",
+            config.source_path, spec.input.h, spec.input.w, out.h, out.w, out.c));
+      if (!spatial_out && out.c < 2)
         throw ConfigError(fmt::format(
             "{}: model.loss softmax_cross_entropy expects a class vector (global_avg_pool then dense "
             "with units >= 2); found output {}x{}x{}",

@@ -124,6 +124,9 @@ class ComputeBackend {
   // Losses return the sum of per-element losses and write grad = d(sum)/dx * grad_scale.
   virtual double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels,
                               double grad_scale, float* grad) = 0;
+  // Per pixel of [n, k, hw] logits; class maps [n, hw] of class ids (device floats).
+  virtual double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                                     double grad_scale, float* grad) = 0;
   virtual double sigmoid_bce(size_t count, const float* logits, const float* targets,
                              double grad_scale, float* grad) = 0;
   virtual double mse(size_t count, const float* pred, const float* targets, double grad_scale,

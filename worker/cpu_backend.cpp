@@ -187,6 +187,10 @@ class CpuBackend : public ComputeBackend {
                       float* grad) override {
     return cpu::softmax_xent(n, k, logits, labels, scale, grad);
   }
+  double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes, double scale,
+                             float* grad) override {
+    return cpu::softmax_xent_pixels(n, k, hw, logits, classes, scale, grad);
+  }
   double sigmoid_bce(size_t count, const float* logits, const float* targets, double scale,
                      float* grad) override {
     return cpu::sigmoid_bce(count, logits, targets, scale, grad);

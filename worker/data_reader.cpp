@@ -33,10 +33,11 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   o.channels = config.model.channels;
   o.downsample = config.data.downsample;
   o.larger_ok = config.data.augment.crops();
+  const bool spatial_out = spec.spatial_layers == int(spec.layers.size());
   if (config.model.loss == LossType::SoftmaxCrossEntropy) {
-    o.expect = TargetKind::Labels;
+    o.expect = spatial_out ? TargetKind::Masks : TargetKind::Labels;  // per pixel: class maps
     o.classes = spec.output().c;
-  } else if (spec.spatial_layers == int(spec.layers.size())) {
+  } else if (spatial_out) {
     o.expect = TargetKind::Masks;  // a full-resolution output is compared with masks
   } else {
     o.expect = TargetKind::Labels;
@@ -55,6 +56,7 @@ struct DataReader::Impl {
   h5::Hid file, images, masks;
   int64_t count = 0;
   int file_h = 0, file_w = 0;  // the images as stored
+  int masks_rank = 4;          // [N, H, W, 1], or [N, H, W] class maps
   int view_h = 0, view_w = 0;  // after downsampling
   uint64_t bytes_read = 0;
   PixelType pixel = PixelType::Float32;
@@ -146,8 +148,11 @@ struct DataReader::Impl {
     h5::TypeClass tc = h5::type_class(type);
     std::string labels_shape = fmt::format("[{}]", count);
     std::string masks_shape = fmt::format("[{}, {}, {}, 1]", count, file_h, file_w);
-    kind = s.size() == 4 ? TargetKind::Masks : TargetKind::Labels;
-    if (s.size() != 1 && s.size() != 4)
+    // Class maps for a per-pixel softmax may also be [N, H, W] (SPEC section 7).
+    const bool class_maps = opt.expect == TargetKind::Masks && opt.classes > 0;
+    masks_rank = int(s.size());
+    kind = s.size() == 4 || (class_maps && s.size() == 3) ? TargetKind::Masks : TargetKind::Labels;
+    if (s.size() != 1 && s.size() != 4 && !(class_maps && s.size() == 3))
       fail(fmt::format("dataset '{}' is {}, expected labels {} or masks {}", opt.targets,
                        h5::shape_string(s), labels_shape, masks_shape));
     if (opt.expect && *opt.expect != kind)
@@ -164,12 +169,18 @@ struct DataReader::Impl {
       labels.resize(size_t(count));
       h5::read_dataset(ds, labels.data(), count);  // small: one integer per image
     } else {
-      if (s[0] != count || s[1] != file_h || s[2] != file_w || s[3] != 1)
+      if (s[0] != count || s[1] != file_h || s[2] != file_w || (s.size() == 4 && s[3] != 1))
         fail(fmt::format("dataset '{}' is {}, expected masks {}", opt.targets, h5::shape_string(s),
                          masks_shape));
       if (tc == h5::TypeClass::String || tc == h5::TypeClass::Other)
-        fail(fmt::format("dataset '{}' has dtype {}, expected numbers in {{0, 1}}", opt.targets,
-                         h5::type_name(type)));
+        fail(fmt::format("dataset '{}' has dtype {}, expected {}", opt.targets, h5::type_name(type),
+                         class_maps ? fmt::format("class ids in [0, {})", opt.classes) : "numbers in {0, 1}"));
+      // A box average of class ids is no class: only two classes (a threshold) downsample.
+      if (class_maps && opt.classes > 2 && opt.downsample > 1)
+        fail(fmt::format("data.downsample {} averages the masks in '{}', but class maps of {} classes cannot be "
+                         "averaged; use data.downsample: 1 with model.loss softmax_cross_entropy over more than 2 "
+                         "classes",
+                         opt.downsample, opt.targets, opt.classes));
       masks = std::move(ds);
     }
   }
@@ -191,7 +202,7 @@ struct DataReader::Impl {
   // mirrored. `check` sees every file value with its file row and column.
   template <class Check>
   void read_view(const h5::Hid& ds, int64_t index, int C, const Rect& rect, const SampleView& v, float* out,
-                 const Check& check) {
+                 const Check& check, int rank = 4) {
     const int rows = rect.rows.size(), cols = rect.cols.size(), f = opt.downsample;
     const int64_t row0 = int64_t(f) * (v.top + (v.flip_rows ? opt.height - rect.rows.hi : rect.rows.lo));
     const int64_t col0 = int64_t(f) * (v.left + (v.flip_cols ? opt.width - rect.cols.hi : rect.cols.lo));
@@ -205,8 +216,12 @@ struct DataReader::Impl {
       const int nb = std::min(band, rows - b0);
       const int src_lo = v.flip_rows ? rows - b0 - nb : b0;  // in file order
       const int64_t first_row = row0 + int64_t(src_lo) * f;
-      h5::read_hyperslab(ds, {index, first_row, col0, 0}, {1, int64_t(nb) * f, file_cols, C}, H5T_NATIVE_FLOAT,
-                         buffer.data());
+      if (rank == 3)  // class maps [N, H, W]
+        h5::read_hyperslab(ds, {index, first_row, col0}, {1, int64_t(nb) * f, file_cols}, H5T_NATIVE_FLOAT,
+                           buffer.data());
+      else
+        h5::read_hyperslab(ds, {index, first_row, col0, 0}, {1, int64_t(nb) * f, file_cols, C}, H5T_NATIVE_FLOAT,
+                           buffer.data());
       bytes_read += uint64_t(nb) * band_row_bytes;
       for (int i = 0; i < nb; ++i) {
         const int src = src_lo + i, r = v.flip_rows ? rows - 1 - src : src;
@@ -315,13 +330,18 @@ void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out, con
   if (m.kind != TargetKind::Masks || !m.masks)
     throw std::logic_error(fmt::format("{}: '{}' holds labels, not masks", m.path, m.opt.targets));
   m.check_tile(index, rect, view);
+  const bool class_maps = m.opt.expect == TargetKind::Masks && m.opt.classes > 0;
   const auto binary = [&](float v, int64_t row, int64_t col) {
-    if (v != 0.f && v != 1.f)
+    if (class_maps && !(v >= 0.f && v < float(m.opt.classes) && v == float(int(v))))
+      m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: class maps must hold class ids in [0, {}) "
+                         "for the {}-channel softmax output",
+                         m.opt.targets, index, v, row, col, m.opt.classes, m.opt.classes));
+    if (!class_maps && v != 0.f && v != 1.f)
       m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: masks must be 0 or 1", m.opt.targets, index,
                          v, row, col));
   };
   try {
-    m.read_view(m.masks, index, 1, rect, view, out, binary);
+    m.read_view(m.masks, index, 1, rect, view, out, binary, m.masks_rank);
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.reason()));
   }

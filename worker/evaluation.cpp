@@ -70,9 +70,33 @@ void MetricsAccumulator::add(const std::vector<float>& y, const Batch& batch) {
   const size_t per_image = y.size() / size_t(std::max(b, 1));
   // The decision threshold on the raw output: a logit for sigmoid_bce, a value for mse.
   const double threshold = loss == LossType::SigmoidBCE ? 0.0 : 0.5;
+  const int classes = plan_.model.output().c;
   for (int i = 0; i < b; ++i) {
     if (!batch.valid[size_t(i)]) continue;
     const float* x = y.data() + size_t(i) * per_image;
+    if (spatial_ && loss == LossType::SoftmaxCrossEntropy) {
+      // Per pixel over the K channel planes; targets are class ids, one per pixel.
+      const size_t hw = per_image / size_t(classes);
+      const float* t = batch.host_targets.data() + size_t(i) * hw;
+      for (size_t p = 0; p < hw; ++p) {
+        double top = x[p];
+        int best = 0;
+        for (int c = 1; c < classes; ++c)
+          if (x[size_t(c) * hw + p] > top) top = x[size_t(c) * hw + p], best = c;
+        double sum = 0;
+        for (int c = 0; c < classes; ++c) sum += std::exp(double(x[size_t(c) * hw + p]) - top);
+        const int label = int(t[p]);
+        sums_[kLoss] += top + std::log(sum) - double(x[size_t(label) * hw + p]);
+        const bool predicted = best == 1, positive = label == 1;  // dice and iou: two classes
+        sums_[kCorrect] += best == label;
+        sums_[kTruePositive] += predicted && positive;
+        sums_[kPredictedPositive] += predicted;
+        sums_[kPositive] += positive;
+      }
+      sums_[kLossElements] += double(hw);
+      sums_[kJudged] += double(hw);
+      continue;
+    }
     const float* t = batch.host_targets.data() + size_t(i) * per_image;
     if (spatial_ || per_image == 1) {
       // Per element: masks, or one sigmoid / regression output per image.

@@ -173,12 +173,18 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   const bool spatial = spatial_output(m);
   // Spatial losses average over every pixel of every image: each shard adds its pixels.
   // Vector losses are replicated on the shards of a group: only the leader adds.
-  const double elements = spatial ? B * m.output().elements() : B * (m.loss == LossType::SoftmaxCrossEntropy ? 1 : m.output().c);
+  // A per-pixel softmax averages over pixels, not channels (torch's cross_entropy on [N, K, H, W]).
+  const bool softmax = m.loss == LossType::SoftmaxCrossEntropy;
+  const double per_image = spatial ? double(m.output().h) * m.output().w * (softmax ? 1 : m.output().c)
+                                   : (softmax ? 1 : m.output().c);
+  const double elements = B * per_image;
   const double scale = 1.0 / elements;
   double local = 0;
   switch (m.loss) {
     case LossType::SoftmaxCrossEntropy:
-      local = backend_->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data());
+      local = spatial ? backend_->softmax_xent_pixels(y.n(), y.c(), int64_t(y.h()) * y.w(), y.data(),
+                                                      batch.targets.data(), scale, dy.data())
+                      : backend_->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data());
       break;
     case LossType::SigmoidBCE:
       local = backend_->sigmoid_bce(y.size(), y.data(), batch.targets.data(), scale, dy.data());

@@ -33,6 +33,35 @@ double softmax_xent(int n, int k, const T* logits, const int32_t* labels, double
 }
 
 template <class T>
+double softmax_xent_pixels(int n, int k, int64_t hw, const T* logits, const T* classes, double grad_scale,
+                           T* grad) {
+  for (int64_t e = 0; e < int64_t(n) * hw; ++e) {
+    const T c = classes[e];
+    if (!(c >= 0 && c < k) || c != T(int(c)))
+      throw std::out_of_range("softmax_xent_pixels: class " + std::to_string(double(c)) + " at element " +
+                              std::to_string(e) + " outside [0, " + std::to_string(k) + ")");
+  }
+  double total = 0;
+  for (int i = 0; i < n; ++i)
+    for (int64_t p = 0; p < hw; ++p) {
+      const T* z = logits + size_t(i) * k * hw + p;  // channel j at z[j * hw]
+      const int label = int(classes[size_t(i) * hw + p]);
+      double m = z[0];
+      for (int j = 1; j < k; ++j) m = std::fmax(m, double(z[j * hw]));
+      double se = 0;
+      for (int j = 0; j < k; ++j) se += std::exp(double(z[j * hw]) - m);
+      const double lse = m + std::log(se);
+      total += lse - double(z[label * hw]);
+      if (grad)
+        for (int j = 0; j < k; ++j) {
+          const double prob = std::exp(double(z[j * hw]) - lse);
+          grad[size_t(i) * k * hw + size_t(j) * hw + p] = T((prob - (j == label ? 1.0 : 0.0)) * grad_scale);
+        }
+    }
+  return total;
+}
+
+template <class T>
 double sigmoid_bce(size_t count, const T* logits, const T* targets, double grad_scale, T* grad) {
   double total = 0;
 #pragma omp parallel for reduction(+ : total) schedule(static) if (count > 16384)
@@ -62,6 +91,7 @@ double mse(size_t count, const T* pred, const T* target, double grad_scale, T* g
 #define HT_LOSS_INST(T)                                                            \
   template double softmax_xent<T>(int, int, const T*, const int32_t*, double, T*); \
   template double sigmoid_bce<T>(size_t, const T*, const T*, double, T*);          \
+  template double softmax_xent_pixels<T>(int, int, int64_t, const T*, const T*, double, T*); \
   template double mse<T>(size_t, const T*, const T*, double, T*);
 HT_LOSS_INST(float)
 HT_LOSS_INST(double)

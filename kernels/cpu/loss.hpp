@@ -12,6 +12,11 @@ namespace ht::cpu {
 template <class T>
 double softmax_xent(int n, int k, const T* logits, const int32_t* labels, double grad_scale,
                     T* grad);
+// Per pixel of [n][k][hw] logits against class maps [n][hw] (class ids as values, in
+// [0, k); else std::out_of_range): -log softmax over the k channels at that pixel.
+template <class T>
+double softmax_xent_pixels(int n, int k, int64_t hw, const T* logits, const T* classes, double grad_scale,
+                           T* grad);
 // Per element max(x,0) - x*t + log1p(exp(-|x|)), stable for any x; grad sigmoid(x) - t.
 template <class T>
 double sigmoid_bce(size_t count, const T* logits, const T* targets, double grad_scale, T* grad);

@@ -80,6 +80,8 @@ void launch_dense_backward(int n, int in, int out, const float* x, const float* 
 void launch_softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale,
                          float* grad, double* row_loss);
 int loss_blocks(size_t count);
+void launch_softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                                double grad_scale, float* grad, int blocks, double* partials);
 void launch_sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                         float* grad, int blocks, double* partials);
 void launch_mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad,

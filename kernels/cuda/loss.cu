@@ -44,6 +44,33 @@ struct SigmoidBce {
   }
 };
 
+// Per pixel e of n * hw: -log softmax over the k channels at stride hw; the data reader
+// has checked that every class id is in [0, k).
+struct PixelSoftmax {
+  int k;
+  int64_t hw;
+  const float* logits;
+  const float* classes;
+  double grad_scale;
+  float* grad;
+  __device__ void operator()(int, int64_t e, double* acc) const {
+    const int64_t image = e / hw, p = e % hw;
+    const float* z = logits + image * k * hw + p;
+    const int label = int(classes[e]);
+    double zmax = z[0];
+    for (int j = 1; j < k; ++j) zmax = fmax(zmax, double(z[j * hw]));
+    double denom = 0.0;
+    for (int j = 0; j < k; ++j) denom += exp(double(z[j * hw]) - zmax);
+    const double log_denom = log(denom);
+    acc[0] += log_denom - (double(z[label * hw]) - zmax);
+    if (grad)
+      for (int j = 0; j < k; ++j) {
+        const double prob = exp(double(z[j * hw]) - zmax - log_denom);
+        grad[image * k * hw + j * hw + p] = float((prob - (j == label ? 1.0 : 0.0)) * grad_scale);
+      }
+  }
+};
+
 struct SquaredError {
   const float* pred;
   const float* targets;
@@ -70,6 +97,11 @@ int loss_blocks(size_t count) { return reduce_blocks(int64_t(count)); }
 void launch_sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                         float* grad, int blocks, double* partials) {
   segment_reduce<1>(1, int64_t(count), blocks, SigmoidBce{logits, targets, grad_scale, grad}, partials);
+}
+
+void launch_softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                                double grad_scale, float* grad, int blocks, double* partials) {
+  segment_reduce<1>(1, int64_t(n) * hw, blocks, PixelSoftmax{k, hw, logits, classes, grad_scale, grad}, partials);
 }
 
 void launch_mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad,

@@ -186,6 +186,24 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # Per-pixel softmax over 3 classes, class maps [N, H, W] as targets.
+    "unet_softmax_sgd": dict(
+        input=[40, 36, 2], loss="softmax_cross_entropy", masks=True, classes=3,
+        optimizer=dict(type="sgd", lr=0.1, momentum=0.9),
+        layers=[
+            dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm"),
+            dict(type="relu", name="e1"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="separable_conv2d", filters=6, kernel=3, padding="same"),
+            dict(type="relu"),
+            dict(type="upsampling2d", name="up"),
+            dict(type="concatenate", inputs=["up", "e1"]),
+            dict(type="conv2d", filters=3, kernel=3, padding="same"),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
     "skip_concat_adam": dict(
         input=[33, 29, 2], loss="sigmoid_bce", masks=True,
         optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
@@ -480,6 +498,8 @@ def dropout_mask(shape, layer, step, rate):
 
 
 def loss_of(case, out, labels, masks):
+    if case["loss"] == "softmax_cross_entropy" and case.get("masks"):
+        return F.cross_entropy(out, masks[:, 0].long())  # per pixel, the mean over every pixel
     if case["loss"] == "softmax_cross_entropy":
         return F.cross_entropy(out, labels)
     if case["loss"] == "sigmoid_bce":
@@ -588,7 +608,12 @@ def main():
     labels = masks = None
     with h5py.File(os.path.join(work, "data.h5"), "w") as f:
         f.create_dataset("images", data=images, chunks=(1, min(h, 32), min(w, 32), c))
-        if case.get("masks"):
+        if case.get("masks") and case["loss"] == "softmax_cross_entropy":
+            # Class maps [N, H, W], the form SPEC section 7 names first.
+            maps = rng.integers(0, case["classes"], (COUNT, h, w)).astype(np.uint8)
+            f.create_dataset("masks", data=maps, chunks=(1, min(h, 32), min(w, 32)))
+            masks = maps[..., None]
+        elif case.get("masks"):
             masks = (rng.uniform(0, 1, (COUNT, h, w, 1)) > 0.6).astype(np.uint8)
             f.create_dataset("masks", data=masks, chunks=(1, min(h, 32), min(w, 32), 1))
         else:

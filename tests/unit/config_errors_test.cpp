@@ -292,10 +292,28 @@ TEST(ConfigErrors, NewLayerShapesNameTheLayer) {
                   "concatenate joins channels of maps of one size: input 'up' is 4x4x1 but input 'input' is 8x8x1");
 }
 
-TEST(ConfigErrors, SoftmaxWithMasksIsRejected) {
-  EXPECT_CONTAINS(error_of("data: {train: d.h5, synthesize: {masks: true}}\n"
-                           "model: {input: [8, 8, 1], layers: [{type: relu}]}\ntraining: {steps: 1}\n"),
-                  "data.synthesize.masks: model.loss softmax_cross_entropy trains on class labels");
+// Per-pixel softmax (SPEC section 7): masks as class maps need K >= 2 channels at the
+// input's size; a classifier's output is no per-pixel one.
+TEST(ConfigErrors, SoftmaxOnMasksNeedsAFullSizeOutput) {
+  auto spec_error = [](const std::string& yaml) -> std::string {
+    try {
+      build_model_spec(parse_config(yaml, "cfg.yaml"));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string masks = "data: {train: d.h5, synthesize: {masks: true}}\ntraining: {steps: 1}\n";
+  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3, padding: same}]}\n"),
+            "");
+  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 1}]}\n"),
+            "cfg.yaml: model.loss softmax_cross_entropy on class maps expects an output of 8x8xK (the input size, K "
+            ">= 2 classes); found 8x8x1");
+  EXPECT_CONTAINS(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3}]}\n"),
+                  "found 6x6x3");
+  EXPECT_CONTAINS(spec_error("data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, "
+                             "kernel: 3, padding: same}]}\ntraining: {steps: 1, metrics: [dice]}\n"),
+                  "training.metrics: dice is for two-class masks; this model outputs 3 classes per pixel");
 }
 
 }  // namespace

@@ -223,6 +223,39 @@ TEST_F(DataTest, MaskTilesAndLabelsExpectations) {
   EXPECT_NE(msg.find("'masks' is [2, 64, 40, 1] (masks) but model.loss needs labels [2]"), std::string::npos) << msg;
 }
 
+// Class maps for a per-pixel softmax (SPEC section 7): [N, H, W] or [N, H, W, 1], ids in
+// [0, K), read like masks; an id outside, or a fraction, names the image, row and col.
+TEST_F(DataTest, ClassMapsForAPerPixelSoftmax) {
+  const std::string path = file("c.h5");
+  write_synthetic_dataset(path, small(2, 6, 4, 1));
+  std::vector<float> maps(2 * 6 * 4);
+  for (size_t i = 0; i < maps.size(); ++i) maps[i] = float(i % 3);
+  maps[24 + 2 * 4 + 3] = 3;  // image 1, row 2, col 3: not a class of 3
+  {
+    h5::Hid f = h5::open_file(path, H5F_ACC_RDWR);
+    h5::write_dataset(f, "maps", {2, 6, 4}, maps.data());
+  }
+  DataReaderOptions opt = reader_options(6, 4, 1, 3);
+  opt.targets = "maps";
+  opt.expect = TargetKind::Masks;
+  DataReader r(path, opt);
+  EXPECT_TRUE(r.has_masks());
+  std::vector<float> tile(24);
+  r.read_mask_tile(0, Rect{{0, 6}, {0, 4}}, tile.data());
+  EXPECT_EQ(tile, std::vector<float>(maps.begin(), maps.begin() + 24));
+  const std::string msg = error_of([&] { r.read_mask_tile(1, Rect{{0, 6}, {0, 4}}, tile.data()); });
+  EXPECT_NE(msg.find("dataset 'maps' image 1 has 3 at row 2, col 3: class maps must hold class ids in [0, 3) for "
+                     "the 3-channel softmax output"),
+            std::string::npos)
+      << msg;
+  // Averaging class ids makes no class: downsampling is refused for more than two.
+  opt.downsample = 2;
+  opt.height = 3;
+  opt.width = 2;
+  const std::string down = error_of([&] { DataReader(path, opt); });
+  EXPECT_NE(down.find("class maps of 3 classes cannot be averaged"), std::string::npos) << down;
+}
+
 TEST_F(DataTest, LabelValuesAreCheckedOnRead) {
   const std::string path = file("l.h5");
   write_synthetic_dataset(path, small(3, 8, 8, 1));

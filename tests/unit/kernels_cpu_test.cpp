@@ -392,6 +392,34 @@ TEST(LossCpu, SoftmaxXent) {
   EXPECT_THROW(softmax_xent<double>(1, 3, big.data(), bad.data(), 1, nullptr), std::out_of_range);
 }
 
+// Per pixel of [n][k][hw]: the gradient, and each pixel equal to softmax_xent of its k
+// channel values gathered into a vector.
+TEST(LossCpu, SoftmaxXentPixels) {
+  std::mt19937_64 rng(14);
+  const int n = 2, k = 3;
+  const int64_t hw = 5;
+  Vec z = random_vec(size_t(n) * k * hw, rng, -3, 3), g(z.size());
+  Vec classes(size_t(n) * hw);
+  for (size_t e = 0; e < classes.size(); ++e) classes[e] = double(e % k);
+  softmax_xent_pixels<double>(n, k, hw, z.data(), classes.data(), 1.0, g.data());
+  check_grad("pixel xent", z, g,
+             [&] { return softmax_xent_pixels<double>(n, k, hw, z.data(), classes.data(), 1, nullptr); });
+  double sum = 0;
+  for (int i = 0; i < n; ++i)
+    for (int64_t p = 0; p < hw; ++p) {
+      Vec v(k);
+      for (int c = 0; c < k; ++c) v[c] = z[(size_t(i) * k + c) * hw + p];
+      const int32_t label = int32_t(classes[size_t(i) * hw + p]);
+      sum += softmax_xent<double>(1, k, v.data(), &label, 1, nullptr);
+    }
+  EXPECT_NEAR(softmax_xent_pixels<double>(n, k, hw, z.data(), classes.data(), 1, nullptr), sum, 1e-12);
+  Vec bad = classes;
+  bad[3] = 3;
+  EXPECT_THROW(softmax_xent_pixels<double>(n, k, hw, z.data(), bad.data(), 1, nullptr), std::out_of_range);
+  bad[3] = 0.5;
+  EXPECT_THROW(softmax_xent_pixels<double>(n, k, hw, z.data(), bad.data(), 1, nullptr), std::out_of_range);
+}
+
 TEST(LossCpu, SigmoidBce) {
   std::mt19937_64 rng(13);
   Vec x = random_vec(20, rng, -4, 4), t(20), g(20);

@@ -441,6 +441,23 @@ TEST_F(CudaBackendTest, LossesMatchReference) {
   const std::vector<int32_t> bad = {0, 4, 1, 2, 3};
   EXPECT_THROW(gpu_->softmax_xent(n, k, dl, bad.data(), 1.0, grad), std::out_of_range);
 
+  // Per pixel: [n][k][hw] with hw spanning several reduction blocks.
+  {
+    const int pn = 2, pk = 3;
+    const int64_t hw = 40000;
+    const Vec z = random_vec(size_t(pn) * pk * hw, 103, -6.f, 6.f);
+    Vec classes(size_t(pn) * hw);
+    for (size_t e = 0; e < classes.size(); ++e) classes[e] = float(e % 7 % pk);
+    const DVec zd = to_double(z), cd = to_double(classes);
+    DVec rg(z.size());
+    const double scale = 1.0 / double(pn * hw);
+    const double r = cpu::softmax_xent_pixels(pn, pk, hw, zd.data(), cd.data(), scale, rg.data());
+    float* g = dev_zero(z.size());
+    const double got = gpu_->softmax_xent_pixels(pn, pk, hw, dev(z), dev(classes), scale, g);
+    EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
+    expect_close(host(g, z.size()), rg, 1e-10, 1e-5, "softmax_xent_pixels grad");
+  }
+
   // Large |x| checks the stable forms; count spans several reduction blocks.
   const size_t count = 70001;
   Vec x = random_vec(count, 101, -8.f, 8.f), t = random_vec(count, 102, 0.f, 1.f);

@@ -153,6 +153,10 @@ class StandInDevice final : public ComputeBackend {
                       float* grad) override {
     return cpu_->softmax_xent(n, k, logits, labels, grad_scale, grad);
   }
+  double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                             double grad_scale, float* grad) override {
+    return cpu_->softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad);
+  }
   double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                      float* grad) override {
     return cpu_->sigmoid_bce(count, logits, targets, grad_scale, grad);

@@ -384,6 +384,19 @@ double CudaBackend::softmax_xent(int n, int k, const float* logits, const int32_
   return total;
 }
 
+double CudaBackend::softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                                        double grad_scale, float* grad) {
+  const size_t count = size_t(n) * size_t(hw);
+  if (!count) return 0.0;
+  bind();
+  const int blocks = loss_blocks(count);
+  double* part = partials_.get_as<double>(size_t(blocks));
+  launch_softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, blocks, part);
+  double total = 0.0;
+  finish_on_host(part, 1, blocks, &total);
+  return total;
+}
+
 double CudaBackend::sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                                 float* grad) {
   if (!count) return 0.0;

@@ -95,6 +95,8 @@ class CudaBackend final : public ComputeBackend {
 
   double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels, double grad_scale,
                       float* grad) override;
+  double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                             double grad_scale, float* grad) override;
   double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                      float* grad) override;
   double mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad) override;
