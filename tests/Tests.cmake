@@ -8,7 +8,7 @@ function(ht_script_test name labels timeout script)
   set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${timeout})
 endfunction()
 foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activations_max_adam residual_sgd
-             separable_max_sgd unet_bce_adam unet_softmax_sgd
+             separable_max_sgd unet_bce_adam unet_softmax_sgd transpose_two_pools_adam
              skip_concat_adam)
   add_test(NAME oracle_${case}
            COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/oracle.py ${case}

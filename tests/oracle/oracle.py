@@ -204,6 +204,25 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # A valid transposed conv cropped back onto its skip, and two global pools joined.
+    "transpose_two_pools_adam": dict(
+        input=[30, 26, 1], loss="softmax_cross_entropy", classes=2,
+        optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="conv2d", filters=3, kernel=3, padding="same"),
+            dict(type="relu", name="a"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d_transpose", filters=3, kernel=3, stride=2),
+            dict(type="cropping2d", cropping=[[0, 1], [1, 0]]),
+            dict(type="add", inputs=["cropping2d_1", "a"], name="sum"),
+            dict(type="global_avg_pool", name="mean"),
+            dict(type="global_max_pool", name="max", inputs=["sum"]),
+            dict(type="concatenate", inputs=["mean", "max"]),
+            dict(type="dense", units=2),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
+        mpi=[(4, [2, 2])],
+    ),
     "skip_concat_adam": dict(
         input=[33, 29, 2], loss="sigmoid_bce", masks=True,
         optimizer=dict(type="adam", lr=1e-2, beta1=0.9, beta2=0.999, epsilon=1e-4),
