@@ -4,6 +4,8 @@
 - N steps straight == N/2 steps + resume to N, bit for bit (Adam, batch norm, shuffling,
   an epoch boundary crossed), and the same with recycle in_process and restart;
 - train on grid 2x1, resume on 1x2: equal within float tolerance;
+- a graph (residual add, dropout, upsampling, concatenate, shifts, transposed conv):
+  resume and recycle bit for bit, and grid 1x1 equal to 2x1 (the same dropout masks);
 - a torn newest checkpoint is skipped with a warning naming it;
 - a checkpoint of another model is refused with exit 1;
 - a leaking layer (test_leak, a layer kind of the test tree) grows the process without
