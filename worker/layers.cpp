@@ -111,6 +111,20 @@ class WindowedLayer : public Layer {
     return halo_.scatter_add(std::move(dext), "input gradient of " + label());
   }
 
+  // The window's kernel, strides and this shard's padding, into a ConvGeom or PoolGeom.
+  template <class Geom>
+  void set_window(Geom& g) const {
+    const LayerSpec& s = spec();
+    g.kh = s.rows.kernel;
+    g.kw = s.cols.kernel;
+    g.stride_h = s.rows.stride;
+    g.stride_w = s.cols.stride;
+    g.pad_top = pad_top_;
+    g.pad_bottom = pad_bottom_;
+    g.pad_left = pad_left_;
+    g.pad_right = pad_right_;
+  }
+
   HaloExchange halo_;
   Tensor ext_;
   Rect out_rect_;
@@ -135,16 +149,9 @@ class Conv2DLayer : public WindowedLayer {
     g.win = in.w();
     g.cout = depthwise_ ? in.c() * s.config.integer("depth_multiplier") : s.out.c;
     g.groups = depthwise_ ? in.c() : 1;
-    g.kh = s.rows.kernel;
-    g.kw = s.cols.kernel;
-    g.stride_h = s.rows.stride;
-    g.stride_w = s.cols.stride;
+    set_window(g);
     g.dil_h = s.rows.dilation;
     g.dil_w = s.cols.dilation;
-    g.pad_top = pad_top_;
-    g.pad_bottom = pad_bottom_;
-    g.pad_left = pad_left_;
-    g.pad_right = pad_right_;
     return g;
   }
   struct SizedKernel {
@@ -266,14 +273,7 @@ class TransposeConvLayer : public Conv2DLayer {
     g.hin = out_rect_.rows.size();
     g.win = out_rect_.cols.size();
     g.cout = s.in.c;
-    g.kh = s.rows.kernel;
-    g.kw = s.cols.kernel;
-    g.stride_h = s.rows.stride;
-    g.stride_w = s.cols.stride;
-    g.pad_top = pad_top_;
-    g.pad_bottom = pad_bottom_;
-    g.pad_left = pad_left_;
-    g.pad_right = pad_right_;
+    set_window(g);
     return g;
   }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
@@ -364,20 +364,12 @@ class PoolLayer : public WindowedLayer {
  protected:
   bool is_max() const { return op_ == PoolOp::Max; }
   PoolGeom geom(const Tensor& in) const {
-    const LayerSpec& s = spec();
     PoolGeom g;
     g.n = in.n();
     g.c = in.c();
     g.hin = in.h();
     g.win = in.w();
-    g.kh = s.rows.kernel;
-    g.kw = s.cols.kernel;
-    g.stride_h = s.rows.stride;
-    g.stride_w = s.cols.stride;
-    g.pad_top = pad_top_;
-    g.pad_bottom = pad_bottom_;
-    g.pad_left = pad_left_;
-    g.pad_right = pad_right_;
+    set_window(g);
     return g;
   }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {

@@ -181,6 +181,18 @@ std::string graph(const std::string& layers) {
   return "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  loss: mse\n  layers:\n" + layers;
 }
 
+// The message of the ConfigError that building the model spec throws, as `plan` does
+// (shapes are the spec's), with `training: {steps: 1}` added unless `complete`; "" when
+// none is thrown.
+std::string spec_error(const std::string& yaml, bool complete = false) {
+  try {
+    build_model_spec(parse_config(complete ? yaml : yaml + "training: {steps: 1}\n", "cfg.yaml"));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(ConfigErrors, GraphInputsMustNameEarlierLayers) {
   const std::string unknown = graph(
       "    - {type: conv2d, filters: 2, name: stem}\n"
@@ -227,16 +239,6 @@ TEST(ConfigErrors, GraphJoinsTakeSeveralInputs) {
 }
 
 TEST(ConfigErrors, GraphJoinShapesNameBothInputs) {
-  // Shapes are the model spec's: build it as `plan` does.
-  auto spec_error = [](const std::string& yaml) -> std::string {
-    try {
-      build_model_spec(parse_config(yaml + "training: {steps: 1}\n", "cfg.yaml"));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-    return "";
-  };
   EXPECT_EQ(spec_error(graph("    - {type: conv2d, filters: 2, name: a}\n"
                              "    - {type: conv2d, filters: 3, padding: same, name: b, inputs: [input]}\n"
                              "    - {type: add, inputs: [b, a]}\n"
@@ -266,15 +268,6 @@ TEST(ConfigErrors, NewLayerKeysNameWhatIsExpected) {
 }
 
 TEST(ConfigErrors, NewLayerShapesNameTheLayer) {
-  auto spec_error = [](const std::string& yaml) -> std::string {
-    try {
-      build_model_spec(parse_config(yaml + "training: {steps: 1}\n", "cfg.yaml"));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-    return "";
-  };
   EXPECT_EQ(spec_error(graph("    - {type: cropping2d, cropping: [[5, 3], [0, 0]]}\n")),
             "cfg.yaml:6: model.layers[0] (cropping2d 'cropping2d_1'): cropping [[5, 3], [0, 0]] leaves nothing of "
             "its 8x8 input");
@@ -295,24 +288,16 @@ TEST(ConfigErrors, NewLayerShapesNameTheLayer) {
 // Per-pixel softmax (SPEC section 7): masks as class maps need K >= 2 channels at the
 // input's size; a classifier's output is no per-pixel one.
 TEST(ConfigErrors, SoftmaxOnMasksNeedsAFullSizeOutput) {
-  auto spec_error = [](const std::string& yaml) -> std::string {
-    try {
-      build_model_spec(parse_config(yaml, "cfg.yaml"));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "";
-  };
   const std::string masks = "data: {train: d.h5, synthesize: {masks: true}}\ntraining: {steps: 1}\n";
-  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3, padding: same}]}\n"),
+  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3, padding: same}]}\n", true),
             "");
-  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 1}]}\n"),
+  EXPECT_EQ(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 1}]}\n", true),
             "cfg.yaml: model.loss softmax_cross_entropy on class maps expects an output of 8x8xK (the input size, K "
             ">= 2 classes); found 8x8x1");
-  EXPECT_CONTAINS(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3}]}\n"),
+  EXPECT_CONTAINS(spec_error(masks + "model: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, kernel: 3}]}\n", true),
                   "found 6x6x3");
   EXPECT_CONTAINS(spec_error("data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, "
-                             "kernel: 3, padding: same}]}\ntraining: {steps: 1, metrics: [dice]}\n"),
+                             "kernel: 3, padding: same}]}\ntraining: {steps: 1, metrics: [dice]}\n", true),
                   "training.metrics: dice is for two-class masks; this model outputs 3 classes per pixel");
 }
 
