@@ -20,6 +20,7 @@
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"
 #include "worker/inference.hpp"
+#include "importer/keras_import.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
@@ -235,6 +236,12 @@ int run(int argc, char** argv) {
                      "CPUs per rank (default: 1 for cuda; whole nodes shared by their ranks for cpu)")
       ->check(CLI::NonNegativeNumber);
 
+  std::string model_file, import_config, import_weights;
+  auto* import = app.add_subcommand("import", "a Keras model (.h5 from model.save, or .json) as a config and init weights");
+  import->add_option("MODEL", model_file, "Keras model file")->required();
+  import->add_option("-o,--output", import_config, "config to write (default: MODEL's name with .yaml)");
+  import->add_option("--weights", import_weights, "init weights to write (default: MODEL's name with -init.h5)");
+
   std::string file;
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
   inspect->add_option("FILE", file, ".h5 file")->required();
@@ -271,6 +278,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*inspect) return inspect_file(file, std::cout);
+  if (*import) return run_import(model_file, import_config, import_weights, std::cout);
   return 1;
 }
 

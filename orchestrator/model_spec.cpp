@@ -96,7 +96,8 @@ Window1D make_window(int in, int kernel, int stride, int dilation, const Padding
 namespace {
 
 std::string where(const Config& config, const LayerConfig& l, size_t index) {
-  return fmt::format("{}:{}: model.layers[{}] ({} '{}')", config.source_path, l.line, index, l.type(), l.name);
+  const std::string at = l.line > 0 ? fmt::format("{}:{}", config.source_path, l.line) : config.source_path;
+  return fmt::format("{}: model.layers[{}] ({} '{}')", at, index, l.type(), l.name);
 }
 
 }  // namespace

@@ -59,7 +59,7 @@ set_tests_properties(mpi_kill_one_rank PROPERTIES LABELS mpi TIMEOUT 150)
 # through the registry: `test_leak` leaks host memory per step, as a leaking library would.
 add_executable(halotrain_test_layers ${PROJECT_SOURCE_DIR}/cli/main.cpp
                ${CMAKE_CURRENT_SOURCE_DIR}/common/test_layers.cpp)
-target_link_libraries(halotrain_test_layers PRIVATE halotrain_worker halotrain_orchestrator)
+target_link_libraries(halotrain_test_layers PRIVATE halotrain_import halotrain_worker halotrain_orchestrator)
 
 # Checkpoint exactness, recycling and robustness through the real binary.
 ht_script_test(checkpoint_resume_recycle "checkpoint" 600 checkpoint/resume_test.py
@@ -75,6 +75,9 @@ foreach(scenario bad_input completes restart requeue kill_rank two_nodes node_lo
   set_tests_properties(slurm_${scenario} PROPERTIES LABELS slurm TIMEOUT 300 SKIP_RETURN_CODE 77
                        RESOURCE_LOCK halotrain_local_slurm)
 endforeach()
+
+# `halotrain import` of Keras 2 model files written by the test (SPEC section 9).
+ht_script_test(import_keras "import" 600 import/keras_import_test.py ${CMAKE_BINARY_DIR}/import-keras)
 
 # The graph configs (unet-demo, resnet-mammo at 1/16 on CPU) train with the memory model exact.
 ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${CMAKE_BINARY_DIR}/graph-configs)

@@ -1,0 +1,49 @@
+// `halotrain import` (SPEC section 9): a Keras 2 model, from a `model.save()` file (its
+// `model_config` attribute, weights under `model_weights`) or a `model.to_json()` file, as
+// a halotrain model section and a Keras-format init weights file.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "orchestrator/config.hpp"
+
+namespace ht {
+
+struct ImportedModel {
+  std::string source;  // the file read
+  std::string name;    // the Keras model's name
+  ModelConfig model;   // input, layers (Keras names kept; inputs where the graph branches), loss
+  // Per halotrain layer with weights: the Keras layer whose weights it takes (its own name).
+  std::vector<std::string> weighted_layers;
+  std::vector<std::string> notes;  // what the import folded or changed, for the user
+  bool has_weights = false;        // a model.save() file: weights under model_weights
+};
+
+// The Keras layer classes the reader turns into halotrain layers, for messages.
+const std::vector<std::string>& supported_keras_classes();
+
+// Reads a Keras JSON model (model.to_json(), or a model.save() file's model_config).
+// ConfigError naming `source`, the layer, its class and the attribute for anything
+// halotrain cannot express, with the supported classes listed.
+ImportedModel import_keras_json(const std::string& json_text, const std::string& source);
+
+// A .json file, or an HDF5 model.save() file (its model_config attribute and weights).
+ImportedModel import_keras_file(const std::string& path);
+
+// The config text: the model section is the imported model; data (synthetic data of the
+// model's input size, to replace), training and parallel are defaults to edit.
+// `init_weights` (may be empty) becomes training.init_weights. Checked by parsing it back
+// and building the model spec, so `halotrain plan` works on it at once.
+std::string imported_config_yaml(const ImportedModel& model, const std::string& init_weights);
+
+// Copies the model's weights from its model.save() file into a Keras weights file that
+// training.init_weights reads (written to a temporary file, then renamed).
+void write_imported_weights(const ImportedModel& model, const std::string& path);
+
+// The command: writes `config_path` (default: MODEL's stem + ".yaml") and, when the model
+// file holds weights, `weights_path` (default: stem + "-init.h5"); reports to `out`.
+int run_import(const std::string& model_path, std::string config_path, std::string weights_path, std::ostream& out);
+
+}  // namespace ht
