@@ -343,14 +343,7 @@ class Translator {
   }
 
  public:
-  // Flatten layers must read 1x1 maps; the shapes are the model spec's.
-  void check_flattens(const ModelSpec& spec) const {
-    for (const LayerSpec& l : spec.layers)
-      if (std::find(flattens_.begin(), flattens_.end(), l.config.name) != flattens_.end() && (l.in.h != 1 || l.in.w != 1))
-        fail(fmt::format("Flatten '{}' of a {}x{}x{} map: halotrain flattens only 1x1 maps (use "
-                         "GlobalAveragePooling2D); halotrain imports {}",
-                         l.config.name, l.in.h, l.in.w, l.in.c, fmt::join(kClasses, ", ")));
-  }
+  const std::vector<std::string>& flattens() const { return flattens_; }
 
  private:
   ImportedModel out_;
@@ -426,13 +419,22 @@ ImportedModel import_keras_json(const std::string& json_text, const std::string&
     throw ConfigError(fmt::format("{}: a Keras JSON model with an unexpected layout: {}", source, e.what()));
   }
   // The shapes: the model spec of a config of this model.
-  try {
-    const ModelSpec spec = build_model_spec(imported_config(m, ""));
-    t.check_flattens(spec);
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: imported, the model does not work in halotrain: {}", source, e.what()));
-  }
+  check_imported(m, t.flattens());
   return m;
+}
+
+void check_imported(const ImportedModel& m, const std::vector<std::string>& flattens) {
+  ModelSpec spec;
+  try {
+    spec = build_model_spec(imported_config(m, ""));
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: imported, the model does not work in halotrain: {}", m.source, e.what()));
+  }
+  for (const LayerSpec& l : spec.layers)
+    if (std::find(flattens.begin(), flattens.end(), l.config.name) != flattens.end() && (l.in.h != 1 || l.in.w != 1))
+      throw ConfigError(fmt::format("{}: Flatten '{}' of a {}x{}x{} map: halotrain flattens only 1x1 maps (use a "
+                                    "global average pool); halotrain imports {}",
+                                    m.source, l.config.name, l.in.h, l.in.w, l.in.c, fmt::join(kClasses, ", ")));
 }
 
 ImportedModel import_keras_file(const std::string& path) {
@@ -470,8 +472,33 @@ std::string imported_config_yaml(const ImportedModel& m, const std::string& init
   return text;
 }
 
-void write_imported_weights(const ImportedModel& m, const std::string& path) {
+namespace {
+
+// The weights of a model.save() file's model_weights, for the model's weighted layers.
+std::vector<ImportedWeights> keras_file_weights(const ImportedModel& m) {
   const KerasWeightsFile in(m.source);
+  const std::vector<std::string>& stored = in.layer_names();
+  std::vector<ImportedWeights> out;
+  for (const std::string& name : m.weighted_layers) {
+    if (std::find(stored.begin(), stored.end(), name) == stored.end())
+      throw ConfigError(fmt::format("{}: the model_weights hold no weights of layer '{}'", m.source, name));
+    ImportedWeights w;
+    w.layer = name;
+    for (const std::string& stored_name : in.weight_names(name)) {
+      w.names.push_back(stored_name.substr(stored_name.rfind('/') + 1));
+      w.shapes.push_back(in.shape(name, stored_name));
+      w.values.emplace_back(size_t(h5::element_count(w.shapes.back())));
+      in.read(name, stored_name, w.values.back().data());
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_imported_weights(const ImportedModel& m, const std::string& path) {
+  const std::vector<ImportedWeights> weights = m.weights.empty() ? keras_file_weights(m) : m.weights;
   std::vector<std::string> names;
   for (const LayerConfig& l : m.model.layers) names.push_back(l.name);
   const std::string temp = h5::temp_path(path);
@@ -480,21 +507,15 @@ void write_imported_weights(const ImportedModel& m, const std::string& path) {
       h5::Hid f = h5::create_file(temp);
       h5::write_attr_strings(f, "layer_names", names);
       h5::write_attr_string(f, "backend", "tensorflow");
-      h5::write_attr_string(f, "keras_version", in.keras_version().empty() ? "2.1.6" : in.keras_version());
-      const std::vector<std::string>& stored = in.layer_names();
+      h5::write_attr_string(f, "keras_version", "2.1.6");
       for (const std::string& name : names) {
         h5::Hid g = h5::create_group(f, name);
         std::vector<std::string> weight_names;
-        if (std::find(m.weighted_layers.begin(), m.weighted_layers.end(), name) != m.weighted_layers.end()) {
-          if (std::find(stored.begin(), stored.end(), name) == stored.end())
-            throw ConfigError(fmt::format("{}: the model_weights hold no weights of layer '{}'", m.source, name));
-          for (const std::string& w : in.weight_names(name)) {
-            const std::string short_name = w.substr(w.rfind('/') + 1);
-            const std::vector<int64_t> shape = in.shape(name, w);
-            std::vector<float> data(size_t(h5::element_count(shape)));
-            in.read(name, w, data.data());
-            h5::write_dataset(g, name + "/" + short_name, shape, data.data());
-            weight_names.push_back(name + "/" + short_name);
+        for (const ImportedWeights& w : weights) {
+          if (w.layer != name) continue;
+          for (size_t i = 0; i < w.names.size(); ++i) {
+            h5::write_dataset(g, name + "/" + w.names[i], w.shapes[i], w.values[i].data());
+            weight_names.push_back(name + "/" + w.names[i]);
           }
         }
         h5::write_attr_strings(g, "weight_names", weight_names);
@@ -511,7 +532,8 @@ void write_imported_weights(const ImportedModel& m, const std::string& path) {
 }
 
 int run_import(const std::string& model_path, std::string config_path, std::string weights_path, std::ostream& out) {
-  const ImportedModel m = import_keras_file(model_path);
+  const bool onnx = std::filesystem::path(model_path).extension() == ".onnx";
+  const ImportedModel m = onnx ? import_onnx_file(model_path) : import_keras_file(model_path);
   if (config_path.empty()) config_path = stem(model_path) + ".yaml";
   if (m.has_weights && weights_path.empty()) weights_path = stem(model_path) + "-init.h5";
   if (!m.has_weights) weights_path.clear();

@@ -11,6 +11,14 @@
 
 namespace ht {
 
+// One halotrain layer's weights, in Keras layout and order ("kernel:0" (kh, kw, cin, cout)).
+struct ImportedWeights {
+  std::string layer;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<float>> values;
+};
+
 struct ImportedModel {
   std::string source;  // the file read
   std::string name;    // the Keras model's name
@@ -18,7 +26,8 @@ struct ImportedModel {
   // Per halotrain layer with weights: the Keras layer whose weights it takes (its own name).
   std::vector<std::string> weighted_layers;
   std::vector<std::string> notes;  // what the import folded or changed, for the user
-  bool has_weights = false;        // a model.save() file: weights under model_weights
+  bool has_weights = false;        // a model.save() file (weights under model_weights), or ONNX initializers
+  std::vector<ImportedWeights> weights;  // ONNX: converted at import; Keras: read by write_imported_weights
 };
 
 // The Keras layer classes the reader turns into halotrain layers, for messages.
@@ -32,18 +41,27 @@ ImportedModel import_keras_json(const std::string& json_text, const std::string&
 // A .json file, or an HDF5 model.save() file (its model_config attribute and weights).
 ImportedModel import_keras_file(const std::string& path);
 
+// An ONNX file (importer/onnx_import.cpp): nodes as halotrain layers, node names sanitised
+// and kept where unique, initializers as Keras-layout weights.
+ImportedModel import_onnx_file(const std::string& path);
+
+// The checks every import ends with: the model spec builds (shapes work), and Flatten
+// layers (`flattens`, halotrain names) read 1x1 maps. ConfigError naming `m.source`.
+void check_imported(const ImportedModel& m, const std::vector<std::string>& flattens);
+
 // The config text: the model section is the imported model; data (synthetic data of the
 // model's input size, to replace), training and parallel are defaults to edit.
 // `init_weights` (may be empty) becomes training.init_weights. Checked by parsing it back
 // and building the model spec, so `halotrain plan` works on it at once.
 std::string imported_config_yaml(const ImportedModel& model, const std::string& init_weights);
 
-// Copies the model's weights from its model.save() file into a Keras weights file that
-// training.init_weights reads (written to a temporary file, then renamed).
+// The model's weights (its `weights`, or those of its model.save() file) as a Keras weights
+// file that training.init_weights reads (written to a temporary file, then renamed).
 void write_imported_weights(const ImportedModel& model, const std::string& path);
 
-// The command: writes `config_path` (default: MODEL's stem + ".yaml") and, when the model
-// file holds weights, `weights_path` (default: stem + "-init.h5"); reports to `out`.
+// The command: reads a .onnx file as ONNX and anything else as Keras; writes `config_path`
+// (default: MODEL's stem + ".yaml") and, when the model file holds weights, `weights_path`
+// (default: stem + "-init.h5"); reports to `out`.
 int run_import(const std::string& model_path, std::string config_path, std::string weights_path, std::ostream& out);
 
 }  // namespace ht

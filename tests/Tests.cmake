@@ -76,8 +76,10 @@ foreach(scenario bad_input completes restart requeue kill_rank two_nodes node_lo
                        RESOURCE_LOCK halotrain_local_slurm)
 endforeach()
 
-# `halotrain import` of Keras 2 model files written by the test (SPEC section 9).
+# `halotrain import` (SPEC section 9) of Keras 2 model files written by the test ...
 ht_script_test(import_keras "import" 600 import/keras_import_test.py ${CMAKE_BINARY_DIR}/import-keras)
+# ... and of ONNX files from torch.onnx.export: torchvision resnet18 and a U-Net trained as torch does.
+ht_script_test(import_onnx "import" 600 import/onnx_import_test.py ${CMAKE_BINARY_DIR}/import-onnx)
 
 # The graph configs (unet-demo, resnet-mammo at 1/16 on CPU) train with the memory model exact.
 ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${CMAKE_BINARY_DIR}/graph-configs)
