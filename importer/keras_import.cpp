@@ -247,11 +247,11 @@ class Translator {
       const json axis = c.value("axis", json(-1));
       const bool last_axis = axis == json(-1) || axis == json(3) || axis == json::array({3}) || axis == json::array({-1});
       if (!last_axis) unsupported(l, fmt::format("axis {} (the channel axis, -1 or 3)", show(axis)));
-      if (!c.value("center", true) || !c.value("scale", true))
-        unsupported(l, fmt::format("center {} scale {}: halotrain's batch_norm learns both gamma and beta",
-                                   show(c.value("center", true)), show(c.value("scale", true))));
       result = weighted(add(layer("batch_norm", l.name,
-                                  {{"momentum", c.value("momentum", 0.99)}, {"epsilon", c.value("epsilon", 1e-3)}}),
+                                  {{"momentum", c.value("momentum", 0.99)},
+                                   {"epsilon", c.value("epsilon", 1e-3)},
+                                   {"center", c.value("center", true)},
+                                   {"scale", c.value("scale", true)}}),
                             {from}));
     } else if (cls == "Activation") {
       result = activation(l, c.value("activation", "linear"), from);

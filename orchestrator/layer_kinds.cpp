@@ -188,18 +188,22 @@ LayerKind pool2d(const char* type, const char* keras_class, const char* keras_pr
 
 LayerKind batch_norm() {
   LayerKind k{"batch_norm", "BatchNormalization", "batch_normalization", {}, {}, {}};
-  k.keys = {with_default("momentum", KeyType::Unit, 0.99), with_default("epsilon", KeyType::Positive, 1e-3)};
-  for (LayerKey& key : k.keys) key.in_model_hash = false;  // as before layer kinds: may change on resume
+  // center / scale false: no beta / gamma (Keras's BatchNormalization(center=False, ...)).
+  k.keys = {with_default("momentum", KeyType::Unit, 0.99), with_default("epsilon", KeyType::Positive, 1e-3),
+            with_default("center", KeyType::Bool, true), with_default("scale", KeyType::Bool, true)};
+  // Not in the model hash: momentum and epsilon may change on resume (as before layer
+  // kinds), and a change of center or scale changes the weights, which loading refuses.
+  for (LayerKey& key : k.keys) key.in_model_hash = false;
   k.traits.input = LayerInput::FeatureMap;
   k.shape = [](LayerSpec& l) {
     if (!l.spatial)
       throw LayerShapeError("batch_norm after the global pool is not supported; put it before global_avg_pool");
     const int64_t c = l.in.c;
     l.out = l.in;
-    l.weights = {{"gamma:0", {c}, true, WeightLayout::Keras, WeightInit::Ones},
-                 {"beta:0", {c}, true, WeightLayout::Keras, WeightInit::Zeros},
-                 {"moving_mean:0", {c}, false, WeightLayout::Keras, WeightInit::Zeros},
-                 {"moving_variance:0", {c}, false, WeightLayout::Keras, WeightInit::Ones}};
+    if (l.config.flag("scale")) l.weights.push_back({"gamma:0", {c}, true, WeightLayout::Keras, WeightInit::Ones});
+    if (l.config.flag("center")) l.weights.push_back({"beta:0", {c}, true, WeightLayout::Keras, WeightInit::Zeros});
+    l.weights.push_back({"moving_mean:0", {c}, false, WeightLayout::Keras, WeightInit::Zeros});
+    l.weights.push_back({"moving_variance:0", {c}, false, WeightLayout::Keras, WeightInit::Ones});
     l.flops_per_image = 8 * l.in.elements();
   };
   return k;

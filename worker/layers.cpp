@@ -475,8 +475,8 @@ class BatchNormLayer : public Layer {
                                   sums.data(), sums.data() + c);
     // This shard's share of dgamma/dbeta; the step's gradient all-reduce sums the shards.
     std::vector<float> dbeta(sums.begin(), sums.begin() + c), dgamma(sums.begin() + c, sums.end());
-    ctx_.backend.from_host(weight_grad("gamma:0"), dgamma.data(), c * sizeof(float));
-    ctx_.backend.from_host(weight_grad("beta:0"), dbeta.data(), c * sizeof(float));
+    if (float* g = weight_grad("gamma:0")) ctx_.backend.from_host(g, dgamma.data(), c * sizeof(float));
+    if (float* b = weight_grad("beta:0")) ctx_.backend.from_host(b, dbeta.data(), c * sizeof(float));
     Tensor dx;
     if (need_dx) {
       ctx_.world.allreduce_sum_host(sums.data(), sums.size());

@@ -64,7 +64,7 @@ void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, con
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     const int ch = int(p % c);
-    const T m = T(mean[ch]), s = T(double(gamma[ch]) * invstd[ch]), b = beta[ch];
+    const T m = T(mean[ch]), s = T((gamma ? double(gamma[ch]) : 1.0) * invstd[ch]), b = beta ? beta[ch] : T(0);
     const T* xp = x + size_t(p) * hw;
     T* yp = y + size_t(p) * hw;
 #pragma omp simd
@@ -105,7 +105,7 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
   for (long p = 0; p < planes; ++p) {
     const int ch = int(p % c);
     // dx = k*dy + a*(x-mean) + b  with the per-channel constants below.
-    const double is = invstd[ch], k = double(gamma[ch]) * is;
+    const double is = invstd[ch], k = (gamma ? double(gamma[ch]) : 1.0) * is;
     const T tk = T(k), m = T(mean[ch]);
     const T a = T(-k * is * sum_dy_xhat[ch] / count), b = T(-k * sum_dy[ch] / count);
     const T* dp = dy + size_t(p) * hw;

@@ -14,7 +14,8 @@ void channel_sum(int n, int c, long hw, const T* x, double* sum);
 // out[c] += sum over n, hw of (x - mean[c])^2 (two-pass variance: no cancellation).
 template <class T>
 void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out);
-// y = (x - mean) * invstd * gamma + beta.
+// y = (x - mean) * invstd * gamma + beta; a null gamma is 1, a null beta 0 (batch norm
+// without scale or center).
 template <class T>
 void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
                       const T* gamma, const T* beta, T* y);

@@ -57,7 +57,7 @@ H, W, C = 24, 20, 2
 SEQUENTIAL = {"class_name": "Sequential", "keras_version": "2.1.6", "backend": "tensorflow", "config": [
     L("Conv2D", "conv_a", filters=4, kernel_size=[3, 3], strides=[1, 1], padding="same", dilation_rate=[1, 1],
       activation="relu", use_bias=True, batch_input_shape=[None, H, W, C], data_format="channels_last"),
-    L("BatchNormalization", "bn", axis=-1, momentum=0.9, epsilon=1e-3, center=True, scale=True),
+    L("BatchNormalization", "bn", axis=-1, momentum=0.9, epsilon=1e-3, center=False, scale=True),
     L("MaxPooling2D", "pool", pool_size=[2, 2], strides=[2, 2], padding="valid", data_format="channels_last"),
     L("DepthwiseConv2D", "dw", kernel_size=[3, 3], strides=[1, 1], padding="same", depth_multiplier=2,
       dilation_rate=[1, 1], use_bias=True, activation="linear"),
@@ -145,6 +145,7 @@ def keras_weights(model, rng):
         elif cls == "BatchNormalization":
             w = [("gamma:0", rng.uniform(0.5, 1.5, cin)), ("beta:0", rng.uniform(-0.2, 0.2, cin)),
                  ("moving_mean:0", rng.uniform(-0.1, 0.1, cin)), ("moving_variance:0", rng.uniform(0.5, 1.5, cin))]
+            w = [(k, v) for k, v in w if (k != "gamma:0" or c.get("scale", True)) and (k != "beta:0" or c.get("center", True))]
             cout = cin
         elif cls == "Dense":
             w = [("kernel:0", rng.uniform(-1, 1, (cin, c["units"])) / math.sqrt(cin))]
@@ -227,8 +228,9 @@ def torch_forward(model, ckpt, x):
                 full = full[:, :, lo:lo + y.shape[2] * s, lo:lo + y.shape[3] * s]
             y = full
         elif cls == "BatchNormalization":
-            y = F.batch_norm(y, weight(n, "moving_mean:0"), weight(n, "moving_variance:0"), weight(n, "gamma:0"),
-                             weight(n, "beta:0"), training=False, eps=c["epsilon"])
+            y = F.batch_norm(y, weight(n, "moving_mean:0"), weight(n, "moving_variance:0"),
+                             weight(n, "gamma:0") if c.get("scale", True) else None,
+                             weight(n, "beta:0") if c.get("center", True) else None, training=False, eps=c["epsilon"])
         elif cls in ("MaxPooling2D", "AveragePooling2D"):
             p = c["pool_size"][0]
             s = c["strides"][0]
@@ -406,8 +408,8 @@ def main():
          "'input' is 24x20x2"),
     ]
     bn = copy.deepcopy(SEQUENTIAL)
-    bn["config"][1]["config"]["center"] = False
-    cases.append(("bn center", bn, "BatchNormalization 'bn' center false"))
+    bn["config"][1]["config"]["axis"] = 1
+    cases.append(("bn axis", bn, "BatchNormalization 'bn' axis 1 (the channel axis, -1 or 3)"))
     drop = copy.deepcopy(SEQUENTIAL)
     drop["config"][5]["config"]["noise_shape"] = [None, 1, 1, 4]
     cases.append(("noise_shape", drop, "Dropout 'drop' noise_shape [null,1,1,4]"))

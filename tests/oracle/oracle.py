@@ -145,7 +145,7 @@ CASES = {
             dict(type="depthwise_conv2d", kernel=3, stride=2, padding=1, depth_multiplier=2),
             dict(type="leaky_relu"),
             dict(type="separable_conv2d", filters=5, kernel=3, padding="same", dilation=2),
-            dict(type="batch_norm"),
+            dict(type="batch_norm", center=False),
             dict(type="relu"),
             dict(type="separable_conv2d", filters=4, kernel=5, stride=2, padding="same", depth_multiplier=3,
                  bias=False),
@@ -192,7 +192,7 @@ CASES = {
         optimizer=dict(type="sgd", lr=0.1, momentum=0.9),
         layers=[
             dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
-            dict(type="batch_norm"),
+            dict(type="batch_norm", scale=False),
             dict(type="relu", name="e1"),
             dict(type="max_pool2d", pool=2),
             dict(type="separable_conv2d", filters=6, kernel=3, padding="same"),
@@ -351,9 +351,10 @@ def init_weights(case, rng):
                 c = l["filters"]
             if l.get("bias", True):
                 w.append(("bias:0", rng.uniform(-0.1, 0.1, (c,))))
-        elif t == "batch_norm":
+        elif t == "batch_norm":  # center / scale false: no beta / gamma
             w = [("gamma:0", rng.uniform(0.5, 1.5, (c,))), ("beta:0", rng.uniform(-0.2, 0.2, (c,))),
                  ("moving_mean:0", rng.uniform(-0.1, 0.1, (c,))), ("moving_variance:0", rng.uniform(0.5, 1.5, (c,)))]
+            w = [(n, v) for n, v in w if (n != "gamma:0" or l.get("scale", True)) and (n != "beta:0" or l.get("center", True))]
         elif t == "dense":
             w = [("kernel:0", rng.uniform(-1, 1, (c, l["units"])) * math.sqrt(3.0 / c)),
                  ("bias:0", rng.uniform(-0.1, 0.1, (l["units"],)))]
@@ -442,7 +443,7 @@ class Torch:
                     x = x[:, :, top:x.shape[2] - bottom, left:x.shape[3] - right]
             elif t == "batch_norm":
                 x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
-                                 self.p[(n, "gamma:0")], self.p[(n, "beta:0")], training=training,
+                                 self.p.get((n, "gamma:0")), self.p.get((n, "beta:0")), training=training,
                                  momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
             elif t == "relu":
                 x = F.relu(x)
