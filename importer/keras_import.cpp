@@ -134,16 +134,11 @@ class Translator {
   std::string add(LayerConfig c, const std::vector<std::string>& inputs) {
     while (taken_.count(c.name)) c.name += "_";
     taken_.insert(c.name);
-    const std::string before = out_.model.layers.empty() ? kInputName : out_.model.layers.back().name;
-    if (inputs != std::vector<std::string>{before}) c.inputs = inputs;
-    out_.model.layers.push_back(std::move(c));
-    return out_.model.layers.back().name;
+    return append_layer(out_.model, std::move(c), inputs);
   }
-  LayerConfig layer(const std::string& type, const std::string& name,
-                    const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
-    LayerConfig c = make_layer_config(type, values);
-    c.name = name;
-    return c;
+  static LayerConfig layer(const std::string& type, const std::string& name,
+                           const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
+    return imported_layer(type, name, values);
   }
 
   // Square sizes only: `key` as [a, a] (or a number).
@@ -403,6 +398,20 @@ Config imported_config(const ImportedModel& m, const std::string& init_weights) 
 }  // namespace
 
 const std::vector<std::string>& supported_keras_classes() { return kClasses; }
+
+LayerConfig imported_layer(const std::string& type, const std::string& name,
+                           const std::vector<std::pair<std::string, LayerValue>>& values) {
+  LayerConfig c = make_layer_config(type, values);
+  c.name = name;
+  return c;
+}
+
+std::string append_layer(ModelConfig& model, LayerConfig layer, const std::vector<std::string>& inputs) {
+  const std::string before = model.layers.empty() ? kInputName : model.layers.back().name;
+  if (inputs != std::vector<std::string>{before}) layer.inputs = inputs;
+  model.layers.push_back(std::move(layer));
+  return model.layers.back().name;
+}
 
 ImportedModel import_keras_json(const std::string& json_text, const std::string& source) {
   json model;

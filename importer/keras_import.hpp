@@ -45,6 +45,13 @@ ImportedModel import_keras_file(const std::string& path);
 // and kept where unique, initializers as Keras-layout weights.
 ImportedModel import_onnx_file(const std::string& path);
 
+// For the readers: a layer of `type` named `name`, and its appending to `model` reading
+// `inputs` (halotrain names; `inputs` is written only where it is not the layer before).
+// Returns the appended layer's name.
+LayerConfig imported_layer(const std::string& type, const std::string& name,
+                           const std::vector<std::pair<std::string, LayerValue>>& values = {});
+std::string append_layer(ModelConfig& model, LayerConfig layer, const std::vector<std::string>& inputs);
+
 // The checks every import ends with: the model spec builds (shapes work), and Flatten
 // layers (`flattens`, halotrain names) read 1x1 maps. ConfigError naming `m.source`.
 void check_imported(const ImportedModel& m, const std::vector<std::string>& flattens);

@@ -196,16 +196,11 @@ class OnnxTranslator {
     return name;
   }
   std::string add(LayerConfig c, const std::vector<std::string>& inputs) {
-    const std::string before = out_.model.layers.empty() ? kInputName : out_.model.layers.back().name;
-    if (inputs != std::vector<std::string>{before}) c.inputs = inputs;
-    out_.model.layers.push_back(std::move(c));
-    return out_.model.layers.back().name;
+    return append_layer(out_.model, std::move(c), inputs);
   }
-  LayerConfig layer(const std::string& type, const std::string& name,
-                    const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
-    LayerConfig c = make_layer_config(type, values);
-    c.name = name;
-    return c;
+  static LayerConfig layer(const std::string& type, const std::string& name,
+                           const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
+    return imported_layer(type, name, values);
   }
   void weights(const std::string& layer, std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes,
                std::vector<std::vector<float>> values) {
