@@ -73,8 +73,6 @@ class Translator {
     return std::move(out_);
   }
 
-  void set_name(const std::string& name) { out_.name = name; }
-
  private:
   [[noreturn]] void fail(const std::string& why) const { throw ConfigError(fmt::format("{}: {}", out_.source, why)); }
 
@@ -396,8 +394,6 @@ Config imported_config(const ImportedModel& m, const std::string& init_weights) 
 }
 
 }  // namespace
-
-const std::vector<std::string>& supported_keras_classes() { return kClasses; }
 
 LayerConfig imported_layer(const std::string& type, const std::string& name,
                            const std::vector<std::pair<std::string, LayerValue>>& values) {

@@ -30,9 +30,6 @@ struct ImportedModel {
   std::vector<ImportedWeights> weights;  // ONNX: converted at import; Keras: read by write_imported_weights
 };
 
-// The Keras layer classes the reader turns into halotrain layers, for messages.
-const std::vector<std::string>& supported_keras_classes();
-
 // Reads a Keras JSON model (model.to_json(), or a model.save() file's model_config).
 // ConfigError naming `source`, the layer, its class and the attribute for anything
 // halotrain cannot express, with the supported classes listed.

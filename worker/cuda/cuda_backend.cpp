@@ -384,41 +384,35 @@ double CudaBackend::softmax_xent(int n, int k, const float* logits, const int32_
   return total;
 }
 
-double CudaBackend::softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                                        double grad_scale, float* grad) {
-  const size_t count = size_t(n) * size_t(hw);
+double CudaBackend::loss_sum(size_t count, const std::function<void(int, double*)>& launch) {
   if (!count) return 0.0;
   bind();
   const int blocks = loss_blocks(count);
   double* part = partials_.get_as<double>(size_t(blocks));
-  launch_softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, blocks, part);
+  launch(blocks, part);
   double total = 0.0;
   finish_on_host(part, 1, blocks, &total);
   return total;
+}
+
+double CudaBackend::softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
+                                        double grad_scale, float* grad) {
+  const size_t count = size_t(n) * size_t(hw);
+  return loss_sum(count, [&](int blocks, double* part) {
+    launch_softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, blocks, part);
+  });
 }
 
 double CudaBackend::sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
                                 float* grad) {
-  if (!count) return 0.0;
-  bind();
-  const int blocks = loss_blocks(count);
-  double* part = partials_.get_as<double>(size_t(blocks));
-  launch_sigmoid_bce(count, logits, targets, grad_scale, grad, blocks, part);
-  double total = 0.0;
-  finish_on_host(part, 1, blocks, &total);
-  return total;
+  return loss_sum(count, [&](int blocks, double* part) {
+    launch_sigmoid_bce(count, logits, targets, grad_scale, grad, blocks, part);
+  });
 }
 
 double CudaBackend::mse(size_t count, const float* pred, const float* targets, double grad_scale,
                         float* grad) {
-  if (!count) return 0.0;
-  bind();
-  const int blocks = loss_blocks(count);
-  double* part = partials_.get_as<double>(size_t(blocks));
-  launch_mse(count, pred, targets, grad_scale, grad, blocks, part);
-  double total = 0.0;
-  finish_on_host(part, 1, blocks, &total);
-  return total;
+  return loss_sum(count, [&](int blocks, double* part) { launch_mse(count, pred, targets, grad_scale, grad, blocks, part); });
 }
 
 void CudaBackend::sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,9 @@ class CudaBackend final : public ComputeBackend {
   std::vector<const double*> upload(std::initializer_list<std::pair<const double*, size_t>> arrays);
   // Adds segments x blocks partials (copied to the host) in order into host_out[segments].
   void finish_on_host(const double* partials, int segments, int blocks, double* host_out);
+  // A loss over `count` elements: `launch(blocks, partials)` writes per-block sums, summed
+  // here in a fixed order.
+  double loss_sum(size_t count, const std::function<void(int blocks, double* partials)>& launch);
 
   int device_;
   CudaAllocator alloc_;
