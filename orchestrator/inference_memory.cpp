@@ -3,6 +3,7 @@
 // model (StepMemory::sizes_of).
 #include <algorithm>
 
+#include "orchestrator/conv_geometry.hpp"
 #include "orchestrator/memory_model.hpp"
 
 namespace ht {
@@ -73,6 +74,7 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
     for (const StepMemory::LayerSizes& s : z.layers) padded = std::max(padded, s.padded);
     e.workspace += padded;
   }
+  e.workspace += conv_scratch_bytes(config, plan, rank, ConvUse::Inference);  // CPU: oneDNN's, reserved with the layers
   e.input = 0;
   e.activations = peak - peak_transient - peak_halo;
   e.transient = peak_transient;

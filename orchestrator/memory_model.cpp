@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iterator>
 
+#include "orchestrator/conv_geometry.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 namespace ht {
@@ -90,8 +91,10 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
   const int b = local_batch(config, plan), L = int(m.layers.size());
   RankSizes r;
   r.input = tile_bytes(plan.owned_image(rank), m.input.c, b);
+  r.conv_scratch = conv_scratch_bytes(config, plan, rank, ConvUse::Training);
   r.targets = m.spatial_layers == L ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
                                     : uint64_t(b) * m.output().c * kFloat;
+  if (config.parallel.backend == Backend::CPU) r.staged = r.input + r.targets;
   const int iy = plan.grid_row_of(rank), ix = plan.grid_col_of(rank);
   for (int l = 0; l < L; ++l) {
     const LayerSpec& spec = m.layers[l];
@@ -149,6 +152,7 @@ class StepReplay {
     alloc(kParams, p);
     alloc(kGrads, g);
     alloc(kOptimizer, o);
+    alloc(kWorkspace, z_.conv_scratch);  // reserved with the layers (ComputeBackend::reserve_conv_scratch)
     step();
     MemoryEstimate e;
     e.params = at_peak_[kParams];
@@ -327,6 +331,7 @@ class StepReplay {
     has_grad_.assign(L + 1, false);
     alloc(kInput, z_.input);
     alloc(kInput, z_.targets);
+    alloc(kInput, z_.staged);  // the next micro-batch, read while this one computes
     where_[0] = Where::Device;
     for (int l = 0; l < L; ++l) {
       forward(l);
@@ -390,7 +395,7 @@ uint64_t StepMemory::lower_bound() const {
     uint64_t step = 0;
     for (size_t l = 0; l < r.layers.size(); ++l)
       if (makes_input_gradient(m.layers[l])) step = std::max(step, 2 * (r.layers[l].owned_in + r.layers[l].out));
-    bound = std::max(bound, fixed + r.input + r.targets + step);
+    bound = std::max(bound, fixed + r.conv_scratch + r.input + r.targets + r.staged + step);
   }
   return bound;
 }

@@ -56,10 +56,10 @@ struct MemoryEstimate {
   uint64_t params = 0;      // every weight, BN moving statistics included
   uint64_t grads = 0;       // one per trainable weight
   uint64_t optimizer = 0;   // adam: 2 x trainable; sgd: 1 x trainable with momentum, else 0
-  uint64_t input = 0;       // the image tile and the targets
+  uint64_t input = 0;       // the image tile and the targets (CPU: and the next micro-batch's)
   uint64_t activations = 0; // saved for backward: layer outputs, extended inputs of windowed layers
   uint64_t transient = 0;   // gradients in flight, inputs gathered again for a backward
-  uint64_t workspace = 0;   // CUDA backend: cuDNN workspace, padded copy for asymmetric padding
+  uint64_t workspace = 0;   // conv scratch: cuDNN workspace and padded copies (CUDA), oneDNN's (CPU)
   uint64_t halo = 0;        // staging of the exchange running at the peak (send + receive)
   uint64_t total = 0;       // the predicted peak device bytes: the sum of the above
   uint64_t host_offload = 0;  // peak of the host pool holding offloaded activations
@@ -135,6 +135,10 @@ class StepMemory {
   };
   struct RankSizes {
     uint64_t input = 0, targets = 0;
+    uint64_t conv_scratch = 0;  // CPU backend: oneDNN's reorder buffers and scratchpad (conv_geometry.hpp)
+    // CPU backend: the next micro-batch's image and target tiles, read in the background
+    // during this one (worker/batch.hpp); on CUDA they wait in host memory.
+    uint64_t staged = 0;
     std::vector<LayerSizes> layers;
   };
   static RankSizes sizes_of(const Config& config, const ShardPlan& plan, int rank);

@@ -10,11 +10,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/activation.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/geometry.hpp"
 #include "orchestrator/config.hpp"
+#include "orchestrator/conv_geometry.hpp"
 #include "worker/comm.hpp"
 #include "worker/tensor.hpp"
 
@@ -72,6 +74,11 @@ class ComputeBackend {
   virtual void unpack_rect(const float* src, int n, int c, int h, int w, int row0, int col0, int rows,
                            int cols, float* dst, Unpack mode) = 0;
 
+  // Scratch for the convolutions this worker will run (orchestrator/conv_geometry.hpp),
+  // taken now from the counting allocator so that the step's peak is the memory model's.
+  // The CPU backend keeps oneDNN's reorder buffers and scratchpad there; CUDA sizes its
+  // workspace on first use.
+  virtual void reserve_conv_scratch(const std::vector<ShardConv>& convs) { (void)convs; }
   virtual std::unique_ptr<ConvKernel> make_conv(const ConvGeom& geom) = 0;
   virtual void max_pool_forward(const PoolGeom& g, const float* x, float* y) = 0;
   virtual void max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx) = 0;

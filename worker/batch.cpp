@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <future>
 
 #include "worker/params.hpp"
 
@@ -85,7 +86,29 @@ BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, 
                                   config.training.batch_size));
 }
 
-BatchSource::~BatchSource() = default;
+// A training micro-batch read on a background thread: its tensors were allocated on the
+// loading thread; the reader fills `host` (CUDA) or the image tensor itself (CPU).
+struct BatchSource::Pending {
+  int64_t step = 0;
+  int micro = 0;
+  int64_t first = 0;
+  Batch batch;
+  std::vector<float> host;
+  std::future<void> done;
+};
+
+BatchSource::~BatchSource() { cancel_prefetch(); }
+
+void BatchSource::rebind(ComputeBackend* backend) {
+  cancel_prefetch();
+  backend_ = backend;
+}
+
+void BatchSource::cancel_prefetch() {
+  if (!pending_) return;
+  if (pending_->done.valid()) pending_->done.wait();  // an error in a batch never used is dropped
+  pending_.reset();
+}
 
 int64_t BatchSource::samples() const { return reader_->count(); }
 
@@ -103,20 +126,56 @@ int64_t BatchSource::sample_at(int64_t position) {
   return permutation_[position % n];
 }
 
-Batch BatchSource::load(int64_t step, int micro) {
+void BatchSource::training_samples(int64_t step, int micro, std::vector<int64_t>& samples,
+                                   std::vector<SampleView>& views, int64_t& first) {
   const int b = micro_batch_;
   const int group = plan_.group_of(rank_);
-  const int64_t first = step * config_.training.batch_size + int64_t(micro) * b * plan_.groups + int64_t(group) * b;
-  std::vector<int64_t> samples;
-  std::vector<SampleView> views;
+  first = step * config_.training.batch_size + int64_t(micro) * b * plan_.groups + int64_t(group) * b;
   for (int i = 0; i < b; ++i) {
     samples.push_back(sample_at(first + i));
     views.push_back(augment_view(config_, step, samples.back(), reader_->view_height(), reader_->view_width()));
   }
-  Batch batch = read(samples, views);
-  batch.valid.assign(size_t(b), 1);
+}
+
+Batch BatchSource::load(int64_t step, int micro, int64_t next_step, int next_micro) {
+  Batch batch;
+  int64_t first = 0;
+  if (pending_ && pending_->step == step && pending_->micro == micro) {
+    pending_->done.get();  // rethrows what the reader threw
+    batch = std::move(pending_->batch);
+    first = pending_->first;
+    upload(batch, pending_->host.empty() ? nullptr : pending_->host.data());
+    pending_.reset();
+  } else {
+    cancel_prefetch();
+    std::vector<int64_t> samples;
+    std::vector<SampleView> views;
+    training_samples(step, micro, samples, views, first);
+    batch = read(samples, views);
+  }
+  batch.valid.assign(size_t(micro_batch_), 1);
   batch.batch_position = first - step * config_.training.batch_size;
+  if (next_step >= 0) start_prefetch(next_step, next_micro);
   return batch;
+}
+
+void BatchSource::start_prefetch(int64_t step, int micro) {
+  auto p = std::make_unique<Pending>();
+  p->step = step;
+  p->micro = micro;
+  std::vector<int64_t> samples;
+  std::vector<SampleView> views;
+  training_samples(step, micro, samples, views, p->first);
+  p->batch = allocate(micro_batch_);
+  p->batch.samples = std::move(samples);
+  float* images = p->batch.images.data();
+  if (backend_->kind() != Backend::CPU) {  // device memory: read into the host, upload when taken
+    p->host.resize(p->batch.images.size());
+    images = p->host.data();
+  }
+  Pending* raw = p.get();
+  p->done = std::async(std::launch::async, [this, raw, images, views] { fill(raw->batch, images, views); });
+  pending_ = std::move(p);
 }
 
 int64_t BatchSource::rounds() const {
@@ -143,25 +202,33 @@ Batch BatchSource::load_round(int64_t round) {
   return batch;
 }
 
-Batch BatchSource::read(const std::vector<int64_t>& samples, const std::vector<SampleView>& views) {
+Batch BatchSource::allocate(int b) {
+  const Rect tile = plan_.owned_image(rank_);
+  Batch batch;
+  batch.images = Tensor(backend_->allocator(), b, plan_.model.input.c, tile.rows.size(), tile.cols.size(),
+                        "input tile");
+  if (purpose_ != DataPurpose::Train) return batch;  // evaluation reads host_targets
+  const Rect out_tile = plan_.owned_output(int(plan_.model.layers.size()) - 1, rank_);
+  if (plan_.model.spatial_layers == int(plan_.model.layers.size()))
+    batch.targets = Tensor(backend_->allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
+  else
+    batch.targets = Tensor(backend_->allocator(), b, plan_.model.output().c, 1, 1, "targets");
+  return batch;
+}
+
+void BatchSource::fill(Batch& batch, float* images, const std::vector<SampleView>& views) {
+  const std::vector<int64_t>& samples = batch.samples;
   const int b = int(samples.size());
   const Rect tile = plan_.owned_image(rank_);
-  const int c = plan_.model.input.c;
-  Batch batch;
-  batch.samples = samples;
-  batch.images = Tensor(backend_->allocator(), b, c, tile.rows.size(), tile.cols.size(), "input tile");
-  const size_t image_elems = size_t(c) * tile.area();
-  std::vector<float> host(image_elems);
+  const size_t image_elems = size_t(plan_.model.input.c) * tile.area();
   const bool spatial_out = plan_.model.spatial_layers == int(plan_.model.layers.size());
   const Shape3 out = plan_.model.output();
   const Rect out_tile = plan_.owned_output(int(plan_.model.layers.size()) - 1, rank_);
-  const bool targets = purpose_ != DataPurpose::Predict;
   std::vector<float>& t = batch.host_targets;
   for (int i = 0; i < b; ++i) {
     const int64_t sample = samples[i];
-    reader_->read_image_tile(sample, tile, float(config_.data.scale), host.data(), views[i]);
-    backend_->from_host(batch.images.data() + i * image_elems, host.data(), image_elems * sizeof(float));
-    if (!targets) continue;
+    reader_->read_image_tile(sample, tile, float(config_.data.scale), images + i * image_elems, views[i]);
+    if (purpose_ == DataPurpose::Predict) continue;
     if (spatial_out) {
       std::vector<float> mask(size_t(out_tile.area()));
       reader_->read_mask_tile(sample, out_tile, mask.data(), views[i]);
@@ -179,12 +246,25 @@ Batch BatchSource::read(const std::vector<int64_t>& samples, const std::vector<S
       }
     }
   }
-  if (purpose_ != DataPurpose::Train) return batch;  // evaluation reads host_targets
-  if (spatial_out)
-    batch.targets = Tensor(backend_->allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
-  else
-    batch.targets = Tensor(backend_->allocator(), b, out.c, 1, 1, "targets");
-  backend_->from_host(batch.targets.data(), t.data(), t.size() * sizeof(float));
+}
+
+void BatchSource::upload(Batch& batch, const float* images) {
+  if (images) backend_->from_host(batch.images.data(), images, batch.images.bytes());
+  if (!batch.targets.empty())
+    backend_->from_host(batch.targets.data(), batch.host_targets.data(), batch.host_targets.size() * sizeof(float));
+}
+
+Batch BatchSource::read(const std::vector<int64_t>& samples, const std::vector<SampleView>& views) {
+  Batch batch = allocate(int(samples.size()));
+  batch.samples = samples;
+  std::vector<float> host;
+  float* images = batch.images.data();
+  if (backend_->kind() != Backend::CPU) {
+    host.resize(batch.images.size());
+    images = host.data();
+  }
+  fill(batch, images, views);
+  upload(batch, host.empty() ? nullptr : host.data());
   return batch;
 }
 

@@ -48,19 +48,33 @@ class BatchSource {
   int64_t samples() const;  // images in the file
   int64_t epoch_of_step(int64_t step) const;
   int micro_batch() const { return micro_batch_; }  // images per group per micro-batch
-  // Training: micro-batch `micro` of step `step`.
-  Batch load(int64_t step, int micro = 0);
+  // Training: micro-batch `micro` of step `step`. With `next_step`/`next_micro` >= 0 the
+  // micro-batch after it is then read on a background thread while this one computes;
+  // its tensors are allocated here, on the calling thread, so the memory model counts
+  // them (on the CPU backend the tiles land in them directly; on CUDA in host buffers,
+  // uploaded when that micro-batch is loaded).
+  Batch load(int64_t step, int micro = 0, int64_t next_step = -1, int next_micro = 0);
   // Evaluation and prediction: round r takes images [r*G*b, (r+1)*G*b) of the file, group
   // g the g-th b of them; past the end a group repeats the last image, marked not valid.
   int64_t rounds() const;
   Batch load_round(int64_t round);
   const DataReader& reader() const { return *reader_; }
-  // Points at the backend again after the trainer rebuilt its device state.
-  void rebind(ComputeBackend* backend) { backend_ = backend; }
+  // Points at the backend again after the trainer rebuilt its device state; a read under
+  // way is waited for and dropped first (its tensors are the old backend's).
+  void rebind(ComputeBackend* backend);
 
  private:
+  struct Pending;
   int64_t sample_at(int64_t position);
+  void training_samples(int64_t step, int micro, std::vector<int64_t>& samples, std::vector<SampleView>& views,
+                        int64_t& first);
+  Batch allocate(int b);  // the batch's tensors, on the backend
+  // The tiles (into `images`, host memory) and targets of `samples`; any thread.
+  void fill(Batch& batch, float* images, const std::vector<SampleView>& views);
+  void upload(Batch& batch, const float* images);  // host buffers to the batch's tensors
   Batch read(const std::vector<int64_t>& samples, const std::vector<SampleView>& views);
+  void start_prefetch(int64_t step, int micro);
+  void cancel_prefetch();
 
   const Config& config_;
   const ShardPlan& plan_;
@@ -71,6 +85,7 @@ class BatchSource {
   std::unique_ptr<DataReader> reader_;
   int64_t cached_epoch_ = -1;
   std::vector<int64_t> permutation_;
+  std::unique_ptr<Pending> pending_;  // the micro-batch being read in the background
 };
 
 // The permutation of [0, n) for `epoch`: shared with the Python oracle (tests/python).

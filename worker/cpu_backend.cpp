@@ -1,7 +1,6 @@
 // The CPU backend: the numerical reference. Float kernels from kernels/cpu, oneDNN for
 // convolution; memory from the counting host allocator.
 #include <omp.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,7 +20,7 @@ namespace {
 
 class CpuConv : public ConvKernel {
  public:
-  explicit CpuConv(const ConvGeom& g) : conv_(g) {}
+  CpuConv(const ConvGeom& g, cpu::ScratchArena& scratch) : conv_(g, &scratch) {}
   void forward(const float* x, const float* w, const float* b, float* y) override {
     conv_.forward(x, w, b, y);
   }
@@ -36,30 +35,56 @@ class CpuConv : public ConvKernel {
   cpu::DnnlConv2d conv_;
 };
 
-// CPUs this worker may run on: the affinity mask (taskset, Slurm --cpus-per-task, mpirun
-// --bind-to), or, when OpenMP binds threads, the CPUs of its places (libgomp has already
-// bound this thread to the first place, so the mask would say 1).
-int usable_cpus() {
-  if (omp_get_proc_bind() != omp_proc_bind_false && omp_get_num_places() > 0) {
-    int n = 0;
-    for (int p = 0; p < omp_get_num_places(); ++p) n += omp_get_place_num_procs(p);
-    return std::max(1, n);
+// oneDNN's scratch for every conv of one worker, from its counting allocator: reserved at
+// the memory model's size before the first step, and grown (still counted) should a call
+// ask for more. Contents are not kept.
+class CountedScratch : public cpu::ScratchArena {
+ public:
+  explicit CountedScratch(Allocator& alloc) : alloc_(alloc) {}
+  ~CountedScratch() override {
+    for (Slot& s : slots_)
+      if (s.ptr) alloc_.deallocate(s.ptr, s.bytes);
   }
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return std::max(1, omp_get_num_procs());
-  return std::max(1, CPU_COUNT(&set));
-}
+  CountedScratch(const CountedScratch&) = delete;
+  CountedScratch& operator=(const CountedScratch&) = delete;
+
+  void reserve(const cpu::ConvScratch& need) {
+    for (int i = 0; i < cpu::kScratchSlots; ++i) grow(slots_[i], need.slot[i]);
+  }
+  void* get(int slot, size_t bytes) override {
+    Slot& s = slots_[slot];
+    grow(s, bytes);
+    alignas(64) static char empty[64];
+    return s.ptr ? s.ptr : empty;  // a zero-byte request
+  }
+
+ private:
+  struct Slot {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  void grow(Slot& s, size_t bytes) {
+    if (bytes <= s.bytes) return;
+    if (s.ptr) alloc_.deallocate(s.ptr, s.bytes);
+    s.ptr = nullptr;
+    s.ptr = alloc_.allocate(bytes, "oneDNN scratch");
+    s.bytes = bytes;
+  }
+  Allocator& alloc_;
+  Slot slots_[cpu::kScratchSlots];
+};
 
 class CpuBackend : public ComputeBackend {
  public:
   // Freed tensors are cached for the next step (BlockCache::Reuse): a step allocates the
-  // same sizes every time. The thread count is capped by the CPUs this worker may use, so
-  // an MPI rank bound to one core does not run a team of cores/ranks threads on it.
+  // same sizes every time. The thread count comes from cpu::worker_threads, capped by the
+  // CPUs this worker may use, so an MPI rank bound to one core does not run a team of
+  // cores/ranks threads on it.
   explicit CpuBackend(const BackendOptions& o)
       : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse),
-        host_pool_((o.name.empty() ? "cpu" : o.name) + " offload pool", 0, BlockCache::Reuse) {
-    if (o.threads > 0) omp_set_num_threads(std::min(o.threads, usable_cpus()));
+        host_pool_((o.name.empty() ? "cpu" : o.name) + " offload pool", 0, BlockCache::Reuse),
+        scratch_(alloc_) {
+    if (o.threads > 0) omp_set_num_threads(o.threads);
   }
   Backend kind() const override { return Backend::CPU; }
   Allocator& allocator() override { return alloc_; }
@@ -93,7 +118,12 @@ class CpuBackend : public ComputeBackend {
       cpu::unpack_rect(src, n, c, h, w, row0, col0, rows, cols, dst);
   }
 
-  std::unique_ptr<ConvKernel> make_conv(const ConvGeom& g) override { return std::make_unique<CpuConv>(g); }
+  std::unique_ptr<ConvKernel> make_conv(const ConvGeom& g) override { return std::make_unique<CpuConv>(g, scratch_); }
+  void reserve_conv_scratch(const std::vector<ShardConv>& convs) override {
+    cpu::ConvScratch need;
+    for (const ShardConv& c : convs) need.include(cpu::dnnl_conv_scratch(c.geom, c.passes, omp_get_max_threads()));
+    scratch_.reserve(need);
+  }
   void max_pool_forward(const PoolGeom& g, const float* x, float* y) override {
     cpu::max_pool_forward(g, x, y);
   }
@@ -210,6 +240,7 @@ class CpuBackend : public ComputeBackend {
  private:
   Allocator alloc_;
   Allocator host_pool_;
+  CountedScratch scratch_;  // after alloc_: freed before it
 };
 
 }  // namespace

@@ -160,6 +160,7 @@ class InferenceWorker {
     const int micro = config.training.batch_size / config.training.accumulate;
     LayerContext ctx{plan, rank, *world_, *group_, *backend_, *params_, micro / plan.groups, micro, policies_};
     for (int l = 0; l < int(plan.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
+    backend_->reserve_conv_scratch(shard_convs(plan, rank, ctx.local_batch, ConvUse::Inference));
   }
 
   int64_t step() const { return step_; }

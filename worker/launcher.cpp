@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "kernels/cpu/threads.hpp"
 #include "orchestrator/files.hpp"
 #include "worker/local_comm.hpp"
 #include "worker/log.hpp"
@@ -16,11 +17,6 @@
 namespace ht {
 
 namespace {
-
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : fallback;
-}
 
 // Makes data.train (and data.validation, from other images) from data.synthesize when they
 // do not exist yet.
@@ -96,10 +92,7 @@ int mpi_world_size() {
 void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   MpiComm world(MPI_COMM_WORLD, false);
   set_log_rank(world.rank(), world.size());
-  const int local_ranks = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", env_int("SLURM_NTASKS_PER_NODE", 1));
-  const int threads = std::getenv("OMP_NUM_THREADS")
-                          ? 0
-                          : std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks));
+  const int threads = cpu::worker_threads(cpu::workers_on_node(1));
   // GPUs are per node; the CPU backend has no device to pick.
   const int slot = config.parallel.backend == Backend::CUDA ? node_local_rank() : world.rank();
   body(world.rank(), world, backend_options(config, world.rank(), slot, threads),
@@ -108,7 +101,7 @@ void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body
 
 void run_local(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   const int world = plan.world();
-  const int threads = std::max(1, int(std::thread::hardware_concurrency()) / world);
+  const int threads = cpu::worker_threads(cpu::workers_on_node(world));
   // libgomp binds each shard's team to the same first places: the shards then share cores.
   if (world > 1 && (std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES")))
     log().warn("OMP_PROC_BIND/OMP_PLACES is set: the {} shards of this process would bind their threads to "

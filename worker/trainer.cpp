@@ -122,6 +122,7 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
                    &position_};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
+  backend_->reserve_conv_scratch(shard_convs(plan_, rank_, ctx.local_batch, ConvUse::Training));
 }
 
 Trainer::HostSnapshot Trainer::take_snapshot() {
@@ -275,7 +276,10 @@ double Trainer::train_step(int64_t step) {
 }
 
 double Trainer::train_micro_batch(int64_t step, int micro) {
-  Batch batch = data_->load(step, micro);
+  // The next micro-batch is read while this one computes (even after the last step: the
+  // memory model counts its tensors on every step).
+  const bool last_micro = micro + 1 == config_.training.accumulate;
+  Batch batch = data_->load(step, micro, last_micro ? step + 1 : step, last_micro ? 0 : micro + 1);
   position_ = {config_.seed, step, batch.batch_position};
   const ModelSpec& m = plan_.model;
   const int L = int(layers_.size());

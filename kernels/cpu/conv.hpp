@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <memory>
 
 #include "kernels/geometry.hpp"
@@ -30,16 +31,41 @@ void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, 
 // time; the build itself targets baseline x86-64).
 bool conv_loops_vectorised();
 
+// Scratch memory a DnnlConv2d works in: reorder buffers for the blocked layouts oneDNN
+// prefers, and oneDNN's own scratchpad (user mode), in four slots. The worker's arena
+// takes them from its counting allocator, sized before the first step by
+// dnnl_conv_scratch() so that the memory model knows them to the byte.
+enum ScratchSlot { kScratchA, kScratchB, kScratchC, kScratchPad, kScratchSlots };
+struct ConvScratch {
+  size_t slot[kScratchSlots] = {};
+  size_t total() const { return slot[0] + slot[1] + slot[2] + slot[3]; }
+  void include(const ConvScratch& o) {  // each slot the larger of the two
+    for (int i = 0; i < kScratchSlots; ++i) slot[i] = std::max(slot[i], o.slot[i]);
+  }
+};
+class ScratchArena {
+ public:
+  virtual ~ScratchArena() = default;
+  // At least `bytes` of 64-byte-aligned memory for `slot`; contents are not kept.
+  virtual void* get(int slot, size_t bytes) = 0;
+};
+// Which of a conv's three passes a caller runs (a bit set).
+enum ConvPasses : unsigned { kConvForward = 1, kConvBackwardData = 2, kConvBackwardWeights = 4, kConvAllPasses = 7 };
+// Every slot's largest request of a DnnlConv2d of `g` over `passes`, with and without
+// bias, when its caller runs `threads` OpenMP threads (oneDNN sizes its scratchpad by
+// them). Thread-safe; results are cached.
+ConvScratch dnnl_conv_scratch(const ConvGeom& g, unsigned passes, int threads);
+
 // The fast float path. Primitives are built on first use and rebuilt when the calling
 // thread's OpenMP thread count changes. Inputs and outputs are plain NCHW / OIHW; when
-// oneDNN prefers a blocked layout the data is reordered through a per-thread scratch
-// area that is shared by all instances (see workspace_bytes()). Same semantics as the
-// plain loops; not safe to call one instance from two threads at once. With one input
-// channel, backward weights (and forward, when the loops are vectorised) run the loop
-// kernels above: faster there than oneDNN's padded 16-channel blocks (conv_dnnl.cpp).
+// oneDNN prefers a blocked layout the data is reordered through the scratch arena (by
+// default one per thread, shared by all instances). Same semantics as the plain loops;
+// not safe to call one instance from two threads at once. With one input channel,
+// backward weights (and forward, when the loops are vectorised) run the loop kernels
+// above: faster there than oneDNN's padded 16-channel blocks (conv_dnnl.cpp).
 class DnnlConv2d {
  public:
-  explicit DnnlConv2d(const ConvGeom& g);
+  explicit DnnlConv2d(const ConvGeom& g, ScratchArena* arena = nullptr);
   ~DnnlConv2d();
   DnnlConv2d(DnnlConv2d&&) noexcept;
   DnnlConv2d& operator=(DnnlConv2d&&) noexcept;
@@ -49,9 +75,8 @@ class DnnlConv2d {
   void backward_data(const float* dy, const float* w, float* dx);
   void backward_weights(const float* x, const float* dy, float* dw, float* dbias);
 
-  // Upper bound of the scratch bytes one call may use beyond its arguments (reorder
-  // buffers and oneDNN's own scratchpad), for the memory model. Valid after a call.
-  size_t workspace_bytes() const;
+  // dnnl_conv_scratch() of this geometry at the calling thread's thread count.
+  ConvScratch scratch_need(unsigned passes) const;
 
  private:
   struct Impl;

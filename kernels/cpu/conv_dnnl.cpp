@@ -7,9 +7,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <dnnl.hpp>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -27,11 +30,11 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-// Growable 64-byte-aligned buffers, one set per thread, shared by every DnnlConv2d so
-// that scratch memory is the maximum over layers, not the sum.
-class Scratch {
+// The default arena: growable 64-byte-aligned buffers, one set per thread, shared by
+// every DnnlConv2d without an arena of its own (tests, tools).
+class ThreadScratch : public ScratchArena {
  public:
-  void* get(int slot, size_t bytes) {
+  void* get(int slot, size_t bytes) override {
     bytes = std::max<size_t>(bytes, 64);
     if (slot >= int(bufs_.size())) bufs_.resize(slot + 1);
     Buf& b = bufs_[slot];
@@ -55,12 +58,10 @@ class Scratch {
   std::vector<Buf> bufs_;
 };
 
-Scratch& scratch() {
-  static thread_local Scratch s;
+ScratchArena& thread_scratch() {
+  static thread_local ThreadScratch s;
   return s;
 }
-
-enum Slot { kSlotA, kSlotB, kSlotC, kSlotPad };
 
 // One tensor argument: the caller's plain layout and the primitive's layout, with the
 // reorder between them when they differ.
@@ -82,17 +83,17 @@ struct Port {
   size_t extra_bytes() const { return user == prim ? 0 : prim.get_size(); }
 
   // Memory the primitive reads: the user's buffer, or a reordered copy in `slot`.
-  memory in(const dnnl::engine& eng, dnnl::stream& s, const float* p, int slot) const {
+  memory in(const dnnl::engine& eng, dnnl::stream& s, const float* p, ScratchArena& arena, int slot) const {
     memory um(user, eng, const_cast<float*>(p));
     if (!to_prim) return um;
-    memory pm(prim, eng, scratch().get(slot, prim.get_size()));
+    memory pm(prim, eng, arena.get(slot, prim.get_size()));
     to_prim->execute(s, um, pm);
     return pm;
   }
   // Memory the primitive writes; finish() copies it to the user's buffer.
-  memory out(const dnnl::engine& eng, float* p, int slot) const {
+  memory out(const dnnl::engine& eng, float* p, ScratchArena& arena, int slot) const {
     if (!to_user) return memory(user, eng, p);
-    return memory(prim, eng, scratch().get(slot, prim.get_size()));
+    return memory(prim, eng, arena.get(slot, prim.get_size()));
   }
   void finish(const dnnl::engine& eng, dnnl::stream& s, const memory& pm, float* p) const {
     if (!to_user) return;
@@ -105,6 +106,7 @@ struct Port {
 
 struct DnnlConv2d::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  ScratchArena* arena;
   dnnl::stream strm{eng};
   int nthr = -1;
   memory::desc x_md, w_md, b_md, y_md;
@@ -130,7 +132,7 @@ struct DnnlConv2d::Impl {
   std::optional<BwdData> bwd_data;
   std::optional<BwdWeights> bwd_w[2];
 
-  explicit Impl(const ConvGeom& g) {
+  Impl(const ConvGeom& g, ScratchArena* a) : arena(a ? a : &thread_scratch()) {
     x_md = memory::desc({g.n, g.cin, g.hin, g.win}, dt::f32, tag::nchw);
     // A grouped weight [cout][cin/groups][kh][kw] is goihw with the groups outermost.
     w_md = g.groups == 1 ? memory::desc({g.cout, g.cin, g.kh, g.kw}, dt::f32, tag::oihw)
@@ -160,7 +162,7 @@ struct DnnlConv2d::Impl {
   }
   static dnnl::primitive_attr attr() {
     dnnl::primitive_attr a;
-    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // scratchpad lives in Scratch
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // the scratchpad lives in the arena
     return a;
   }
 
@@ -260,14 +262,13 @@ struct DnnlConv2d::Impl {
   }
 
   memory pad_mem(size_t bytes) {
-    return memory({{static_cast<memory::dim>(bytes)}, dt::u8, tag::x}, eng,
-                  scratch().get(kSlotPad, bytes));
+    return memory({{static_cast<memory::dim>(bytes)}, dt::u8, tag::x}, eng, arena->get(kScratchPad, bytes));
   }
 };
 
-DnnlConv2d::DnnlConv2d(const ConvGeom& g) : g_(g) {
+DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena) : g_(g) {
   validate(g);
-  impl_ = std::make_unique<Impl>(g);
+  impl_ = std::make_unique<Impl>(g, arena);
 }
 DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
@@ -283,9 +284,9 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
   }
   Impl& m = *impl_;
   auto& f = m.get_fwd(bias != nullptr);
-  auto xm = f.x.in(m.eng, m.strm, x, kSlotA);
-  auto wm = f.w.in(m.eng, m.strm, w, kSlotB);
-  auto ym = f.y.out(m.eng, y, kSlotC);
+  auto xm = f.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
+  auto wm = f.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
+  auto ym = f.y.out(m.eng, y, *m.arena, kScratchC);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
                                        {DNNL_ARG_WEIGHTS, wm},
                                        {DNNL_ARG_DST, ym},
@@ -299,9 +300,9 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
 void DnnlConv2d::backward_data(const float* dy, const float* w, float* dx) {
   Impl& m = *impl_;
   auto& b = m.get_bwd_data();
-  auto dym = b.dy.in(m.eng, m.strm, dy, kSlotA);
-  auto wm = b.w.in(m.eng, m.strm, w, kSlotB);
-  auto dxm = b.dx.out(m.eng, dx, kSlotC);
+  auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchA);
+  auto wm = b.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
+  auto dxm = b.dx.out(m.eng, dx, *m.arena, kScratchC);
   b.prim.execute(m.strm, {{DNNL_ARG_DIFF_DST, dym},
                           {DNNL_ARG_WEIGHTS, wm},
                           {DNNL_ARG_DIFF_SRC, dxm},
@@ -321,9 +322,9 @@ void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, fl
   }
   Impl& m = *impl_;
   auto& b = m.get_bwd_weights(dbias != nullptr);
-  auto xm = b.x.in(m.eng, m.strm, x, kSlotA);
-  auto dym = b.dy.in(m.eng, m.strm, dy, kSlotB);
-  auto dwm = b.dw.out(m.eng, dw, kSlotC);
+  auto xm = b.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
+  auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchB);
+  auto dwm = b.dw.out(m.eng, dw, *m.arena, kScratchC);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
                                        {DNNL_ARG_DIFF_DST, dym},
                                        {DNNL_ARG_DIFF_WEIGHTS, dwm},
@@ -334,27 +335,53 @@ void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, fl
   m.strm.wait();
 }
 
-size_t DnnlConv2d::workspace_bytes() const {
+ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
   Impl& m = *impl_;
-  // Calls that run the loop kernels (one input channel) use no scratch.
-  const bool fwd = !(g_.cin == 1 && conv_loops_vectorised()), bwd_w = g_.cin != 1;
-  size_t slot[4] = {0, 0, 0, 0};
-  auto need = [&slot](size_t a, size_t b, size_t c, size_t pad) {
-    slot[0] = std::max(slot[0], a), slot[1] = std::max(slot[1], b);
-    slot[2] = std::max(slot[2], c), slot[3] = std::max(slot[3], pad);
+  ConvScratch need;
+  auto add = [&need](const Port& a, const Port& b, const Port& c, size_t pad) {
+    ConvScratch s;
+    s.slot[kScratchA] = a.extra_bytes(), s.slot[kScratchB] = b.extra_bytes();
+    s.slot[kScratchC] = c.extra_bytes(), s.slot[kScratchPad] = pad;
+    need.include(s);
   };
-  if (fwd) {
-    auto& f = m.get_fwd(true);
-    need(f.x.extra_bytes(), f.w.extra_bytes(), f.y.extra_bytes(), f.pad);
+  // Calls that run the loop kernels (one input channel) use no scratch.
+  if ((passes & kConvForward) && !(g_.cin == 1 && conv_loops_vectorised())) {
+    for (bool bias : {false, true}) {
+      auto& f = m.get_fwd(bias);
+      add(f.x, f.w, f.y, f.pad);
+    }
   }
-  auto& d = m.get_bwd_data();
-  need(d.dy.extra_bytes(), d.w.extra_bytes(), d.dx.extra_bytes(), d.pad);
-  if (bwd_w) {
-    auto& w = m.get_bwd_weights(true);
-    need(w.x.extra_bytes(), w.dy.extra_bytes(), w.dw.extra_bytes(), w.pad);
+  if (passes & kConvBackwardData) {
+    auto& d = m.get_bwd_data();
+    add(d.dy, d.w, d.dx, d.pad);
   }
-  // Each scratch slot keeps the largest size any call asked of it.
-  return slot[0] + slot[1] + slot[2] + slot[3];
+  if ((passes & kConvBackwardWeights) && g_.cin != 1) {
+    for (bool bias : {false, true}) {
+      auto& w = m.get_bwd_weights(bias);
+      add(w.x, w.dy, w.dw, w.pad);
+    }
+  }
+  return need;
+}
+
+ConvScratch dnnl_conv_scratch(const ConvGeom& g, unsigned passes, int threads) {
+  using Key = std::array<int, 18>;
+  const Key key{g.n,         g.cin,        g.hin,      g.win,       g.cout,   g.kh,
+                g.kw,        g.stride_h,   g.stride_w, g.dil_h,     g.dil_w,  g.pad_top,
+                g.pad_bottom, g.pad_left,  g.pad_right, g.groups,   int(passes), threads};
+  static std::mutex mutex;
+  static std::map<Key, ConvScratch> cache;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  // oneDNN reads the thread count of the calling thread when it makes a primitive.
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const ConvScratch need = DnnlConv2d(g).scratch_need(passes);
+  omp_set_num_threads(before);
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, need).first->second;
 }
 
 }  // namespace ht::cpu

@@ -10,6 +10,10 @@
 #include <numeric>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/shard_plan.hpp"
+#include "worker/backend.hpp"
+#include "worker/batch.hpp"
 #include "worker/data_reader.hpp"
 #include "worker/h5.hpp"
 #include "worker/synthetic_data.hpp"
@@ -337,3 +341,74 @@ TEST_F(DataTest, FullSizeImageIsWrittenInBands) {
 }
 
 }  // namespace
+
+namespace {
+
+// A batch's tensors and targets, to compare two loads.
+struct Loaded {
+  std::vector<float> images, targets;
+  std::vector<int32_t> labels;
+  std::vector<int64_t> samples;
+  int64_t position = 0;
+};
+Loaded copy_of(const Batch& b) {
+  Loaded l;
+  l.images.assign(b.images.data(), b.images.data() + b.images.size());
+  l.targets.assign(b.targets.data(), b.targets.data() + b.targets.size());
+  l.labels = b.labels;
+  l.samples = b.samples;
+  l.position = b.batch_position;
+  return l;
+}
+void expect_same(const Loaded& a, const Loaded& b, const std::string& where) {
+  EXPECT_EQ(a.images, b.images) << where;
+  EXPECT_EQ(a.targets, b.targets) << where;
+  EXPECT_EQ(a.labels, b.labels) << where;
+  EXPECT_EQ(a.samples, b.samples) << where;
+  EXPECT_EQ(a.position, b.position) << where;
+}
+
+}  // namespace
+
+// The next micro-batch is read on a background thread into tensors allocated (and counted)
+// when it is asked for: what it yields is what reading at once yields, micro-batch by
+// micro-batch, across epochs, after a jump (a resume) and after a rebind (a recycle).
+TEST_F(DataTest, BatchesReadInTheBackgroundEqualThoseReadAtOnce) {
+  write_synthetic_dataset(file("d.h5"), small(7, 20, 12, 1));
+  const Config c = parse_config("name: t\nrun_dir: " + file("run") + "\nseed: 5\n"
+                                "data: {train: " + file("d.h5") + ", shuffle: true, "
+                                "augment: {flip: [horizontal]}}\n"
+                                "model:\n  input: [20, 12, 1]\n  layers:\n"
+                                "    - {type: conv2d, filters: 2, kernel: 3, padding: same}\n"
+                                "    - {type: global_avg_pool}\n    - {type: dense, units: 3}\n"
+                                "  loss: softmax_cross_entropy\n"
+                                "training: {batch_size: 4, accumulate: 2, steps: 9}\n"
+                                "parallel: {backend: cpu, grid: [2, 1]}\n",
+                                "t.yaml");
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan plan = make_shard_plan(m, {2, 1});
+  BackendOptions o;
+  std::unique_ptr<ComputeBackend> backend = make_backend(o);
+  BatchSource ahead(c, plan, 1, *backend), at_once(c, plan, 1, *backend);
+  Allocator& a = backend->allocator();
+  uint64_t one_batch = 0;
+  for (int64_t step = 0; step < 6; ++step) {
+    for (int micro = 0; micro < 2; ++micro) {
+      const uint64_t before = a.in_use();
+      const Batch got = ahead.load(step, micro, micro == 1 ? step + 1 : step, 1 - micro);
+      const uint64_t bytes = got.images.bytes() + got.targets.bytes();
+      // Held now: this micro-batch and the next one being read (from step 0's second on,
+      // `before` already holds the one just taken).
+      EXPECT_EQ(a.in_use(), (step == 0 && micro == 0 ? before + 2 * bytes : before + bytes))
+          << "step " << step << " micro " << micro;
+      one_batch = bytes;
+      expect_same(copy_of(got), copy_of(at_once.load(step, micro)), "step " + std::to_string(step));
+    }
+  }
+  // A jump drops the read under way and reads at once.
+  expect_same(copy_of(ahead.load(8, 1, 9, 0)), copy_of(at_once.load(8, 1)), "after a jump");
+  const uint64_t held = a.in_use();
+  ahead.rebind(backend.get());  // a recycle: the read under way is dropped and freed
+  EXPECT_EQ(a.in_use(), held - one_batch);
+  expect_same(copy_of(ahead.load(9, 0)), copy_of(at_once.load(9, 0)), "after a rebind");
+}

@@ -151,7 +151,52 @@ TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
     expect_close("dw", dwf, dw, 1e-4, 1e-4, "rep " + std::to_string(rep));
   }
   omp_set_num_threads(saved);
-  EXPECT_GT(conv.workspace_bytes(), 0u);
+}
+
+// An arena that records each slot's largest request.
+class RecordingArena : public ScratchArena {
+ public:
+  void* get(int slot, size_t bytes) override {
+    asked.slot[slot] = std::max(asked.slot[slot], bytes);
+    if (buf[slot].size() < bytes / sizeof(float) + 16) buf[slot].resize(bytes / sizeof(float) + 16);
+    return buf[slot].data();
+  }
+  ConvScratch asked;
+  std::vector<float> buf[kScratchSlots];
+};
+
+// dnnl_conv_scratch (what the memory model counts) is exactly each slot's largest request
+// over forward, backward data and backward weights, with and without bias, at the thread
+// count it is given; and the calls run in the caller's arena.
+TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
+  std::mt19937_64 rng(29);
+  const int saved = omp_get_max_threads();
+  for (const ConvGeom& g : {geom(2, 16, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0),
+                            geom(1, 8, 17, 15, 16, 3, 3, 2, 2, 1, 1, 0, 1, 1, 1),
+                            geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)}) {
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      RecordingArena all, forward_only;
+      DnnlConv2d conv(g, &all), inference(g, &forward_only);
+      VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
+           dy = to_float(random_vec(g.y_size(), rng)), b(size_t(g.cout), 0.5f);
+      VecF y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(size_t(g.cout));
+      for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
+        conv.forward(x.data(), w.data(), bias, y.data());
+        conv.backward_weights(x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr);
+        inference.forward(x.data(), w.data(), bias, y.data());
+      }
+      conv.backward_data(dy.data(), w.data(), dx.data());
+      const ConvScratch need = dnnl_conv_scratch(g, kConvAllPasses, threads);
+      const ConvScratch need_forward = dnnl_conv_scratch(g, kConvForward, threads);
+      for (int s = 0; s < kScratchSlots; ++s) {
+        EXPECT_EQ(all.asked.slot[s], need.slot[s]) << "slot " << s << ", cin " << g.cin << ", threads " << threads;
+        EXPECT_EQ(forward_only.asked.slot[s], need_forward.slot[s]) << "slot " << s << ", cin " << g.cin;
+      }
+      if (g.cin > 1) EXPECT_GT(need.total(), 0u);  // blocked layouts: reorders through the arena
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(DnnlConv2d, RejectsBadGeometry) {

@@ -8,6 +8,7 @@
 
 #include "orchestrator/activation_plan.hpp"
 #include "orchestrator/config.hpp"
+#include "orchestrator/conv_geometry.hpp"
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
@@ -60,8 +61,12 @@ TEST(MemoryModel, BreakdownAddsUpAndCountsTheReplicatedState) {
   EXPECT_EQ(e.grads, uint64_t(m.param_count(true)) * 4);
   EXPECT_LT(e.grads, e.params);  // BN moving statistics are not trainable
   EXPECT_EQ(e.optimizer, 2 * e.grads);
-  EXPECT_EQ(e.input, 4ull * 64 * 48 * 4 + 4ull * 2 * 4);  // image tiles and one-hot targets
-  EXPECT_EQ(e.workspace, 0u);                            // CPU backend
+  // Image tiles and one-hot targets, twice on the CPU backend: the next batch is read
+  // during this one.
+  EXPECT_EQ(e.input, 2 * (4ull * 64 * 48 * 4 + 4ull * 2 * 4));
+  // CPU backend: oneDNN's scratch for the shard's convs, as the kernels report it.
+  EXPECT_EQ(e.workspace, conv_scratch_bytes(c, p, 0, ConvUse::Training));
+  EXPECT_GT(e.workspace, 0u);  // the second conv (8 -> 16 channels) reorders to blocks
   EXPECT_EQ(e.host_offload, 0u);
 
   c.training.optimizer.type = OptimizerType::SGD;
@@ -97,16 +102,20 @@ TEST(MemoryModel, KeepPeakMatchesAHandCount) {
   const ModelSpec m = build_model_spec(c);
   const MemoryEstimate e =
       estimate_memory(c, make_shard_plan(m, {1, 1}), 0, uniform_policies(m, ActivationPolicy::Keep));
-  const uint64_t fixed = e.params + e.grads + e.optimizer;
+  // The conv reads the image: no data gradient, and one channel runs the loop kernels
+  // where they are vectorised; whatever oneDNN scratch remains is reserved up front.
+  const ShardPlan p = make_shard_plan(m, {1, 1});
+  EXPECT_EQ(e.workspace, conv_scratch_bytes(c, p, 0, ConvUse::Training));
+  const uint64_t fixed = e.params + e.grads + e.optimizer + e.workspace;
   // Forward: image 256 B + targets 8 B; conv and relu outputs 512 B each, pool and dense
   // outputs 8 B each; loss gradient 8 B. Backward: the dense and pool input gradients
   // (8 B, then 512 B) free their output gradients; the peak is the relu's backward:
   // conv and relu outputs, the 512 B gradient flowing in and the 512 B one it makes.
-  EXPECT_EQ(e.input, 264u);
+  EXPECT_EQ(e.input, 2 * 264u);  // and the next step's, read in the background
   EXPECT_EQ(e.activations, 1024u);
   EXPECT_EQ(e.transient, 1024u);
   EXPECT_EQ(e.halo, 0u);
-  EXPECT_EQ(e.total, fixed + 2312);
+  EXPECT_EQ(e.total, fixed + 2312 + 264);
 }
 
 // The same model, per layer (the plan's and the report's per-layer view), counted by hand.
@@ -238,7 +247,8 @@ TEST(MemoryModel, PerPixelLossesAddTheMaskTile) {
   c.model.loss = LossType::SigmoidBCE;
   const ShardPlan p = make_shard_plan(build_model_spec(c), {2, 2});
   const MemoryEstimate e = estimate_memory(c, p, 3);
-  EXPECT_EQ(e.input, 2ull * 4 * 32 * 24 * 4);  // image and mask tiles, 4 images
+  // Image and mask tiles, 4 images; twice on the CPU backend (the next step's too).
+  EXPECT_EQ(e.input, 2 * (2ull * 4 * 32 * 24 * 4));
 }
 
 TEST(MemoryModel, AutoGridPicksTheSmallestThatFits) {
