@@ -91,11 +91,12 @@ std::string fit_verdict(const Config& config, const ShardPlan& plan, const Memor
   if (e.total <= budget) return "";
   std::string msg = fmt::format(
       "{}: parallel.grid [{}, {}] does not fit: rank {} needs {} per device (params {}, grads {}, "
-      "optimizer {}, activations {}, transient {}, halo {}, input {}) but parallel.device_memory is {}{}; ",
+      "optimizer {}, activations {}, transient {}, halo {}, input {}, conv workspace {}) but parallel.device_memory "
+      "is {}{}; ",
       config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols, e.rank,
       format_size(e.total), format_size(e.params), format_size(e.grads), format_size(e.optimizer),
       format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
-      format_size(budget),
+      format_size(e.workspace), format_size(budget),
       config.parallel.activations == ActivationPolicy::Auto
           ? " (parallel.activations: auto found no mix of keep, offload and recompute that fits)"
           : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));

@@ -78,10 +78,11 @@ std::string predict_fit_verdict(const Config& config, const ShardPlan& plan) {
   const MemoryEstimate e = estimate_inference_memory_max(config, plan, Inference::Predict);
   if (e.total <= config.parallel.device_memory) return "";
   return fmt::format("{}: parallel.grid [{}, {}] does not fit for prediction: rank {} needs {} per device (params {}, "
-                     "activations {}, transient {}, halo {}) but parallel.device_memory is {}",
+                     "activations {}, transient {}, halo {}, conv workspace {}) but parallel.device_memory is {}",
                      config.source_path.empty() ? "config" : config.source_path, plan.grid_rows, plan.grid_cols,
                      e.rank, format_size(e.total), format_size(e.params), format_size(e.activations),
-                     format_size(e.transient), format_size(e.halo), format_size(config.parallel.device_memory));
+                     format_size(e.transient), format_size(e.halo), format_size(e.workspace),
+                     format_size(config.parallel.device_memory));
 }
 
 std::string render_predict_plan(const Config& config, const ShardPlan& plan, bool json) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <unordered_map>
 #include <utility>
 
 #include "kernels/cpu/host_memory.hpp"
@@ -19,9 +20,11 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes)
 size_t block_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
-// Free blocks by rounded size; a multimap so trimming can start from the largest.
+// Free blocks by rounded size; a multimap so trimming can start from the largest. Blocks
+// handed out with more than the owner's rounded size, by address.
 struct Allocator::Cache {
   std::multimap<size_t, void*> blocks;
+  std::unordered_map<void*, size_t> larger;
 };
 
 Allocator::Allocator(std::string device, uint64_t budget_bytes, BlockCache cache)
@@ -39,13 +42,18 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
   void* p = nullptr;
   if (cache_mode_ == BlockCache::Reuse) {
     const size_t block = block_size(bytes);
-    p = take_cached(block);
+    size_t got = block;
+    p = take_cached(block, &got);
+    if (p && got != block) cache_->larger.emplace(p, got);
     if (!p) {
       // Cached blocks of other sizes give way before the reservation passes the highest use
       // so far or the budget: what a worker holds from the system stays at the peak the
       // memory model predicts (several shards share one host's memory).
-      const uint64_t need = in_use_ + block;
-      uint64_t limit = std::max<uint64_t>(peak_, need);
+      // The limit has a margin of an eighth of the peak (at most 512 MiB): the blocks alive
+      // at the peak are not those alive elsewhere in the step, and without it one of them
+      // is released and faulted in again on every step.
+      const uint64_t need = in_use_ + slack_ + block;
+      uint64_t limit = std::max<uint64_t>(peak_ + std::min<uint64_t>(peak_ / 8, uint64_t(512) << 20), need);
       if (budget_) limit = std::min<uint64_t>(limit, std::max<uint64_t>(budget_, need));
       trim_cache(limit - need);
       p = raw_allocate(block);
@@ -59,6 +67,7 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
   }
   if (!p)
     throw DeviceMemoryError(fmt::format("{}: the system refused {} for {}", device_, mib(bytes), what));
+  if (cache_mode_ == BlockCache::Reuse) slack_ += held_block(p, bytes) - bytes;
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
   return p;
@@ -67,7 +76,9 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
 void Allocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   if (cache_mode_ == BlockCache::Reuse) {
-    const size_t block = block_size(bytes);
+    const size_t block = held_block(ptr, bytes);
+    cache_->larger.erase(ptr);
+    slack_ -= block - bytes;
     cache_->blocks.emplace(block, ptr);
     cached_ += block;
   } else {
@@ -76,13 +87,20 @@ void Allocator::deallocate(void* ptr, size_t bytes) {
   in_use_ -= bytes;
 }
 
-void* Allocator::take_cached(size_t block) {
-  auto it = cache_->blocks.find(block);
-  if (it == cache_->blocks.end()) return nullptr;
+void* Allocator::take_cached(size_t block, size_t* got) {
+  // The exact size, else the smallest block of at most twice it.
+  auto it = cache_->blocks.lower_bound(block);
+  if (it == cache_->blocks.end() || it->first > 2 * block) return nullptr;
   void* p = it->second;
+  *got = it->first;
+  cached_ -= it->first;
   cache_->blocks.erase(it);
-  cached_ -= block;
   return p;
+}
+
+size_t Allocator::held_block(void* ptr, size_t bytes) const {
+  auto it = cache_->larger.find(ptr);
+  return it == cache_->larger.end() ? block_size(bytes) : it->second;
 }
 
 void Allocator::trim_cache(uint64_t keep_at_most) {

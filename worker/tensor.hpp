@@ -26,12 +26,16 @@ class DeviceMemoryError : public std::runtime_error {
 // CPU backend), and enforces a budget. Not thread-safe: one allocator per worker.
 //
 // With BlockCache::Reuse a freed block is kept and handed out again for the next request
-// of the same rounded size: a training step asks for the same sizes every step, so after
-// the first step no memory comes from the system (on the host: no page faults, no
-// mmap/munmap of 100 MB tensors). in_use() and peak() count what the owners hold, cached
-// or not; reserved() adds the cached blocks. Cached blocks are released when the
-// reservation would pass the peak in use so far or the budget, when the system refuses
-// memory, by release_cached() and on destruction. A subclass that enables the cache must call release_cached() in its own
+// of the same rounded size, or failing that the smallest cached block of up to twice the
+// size: a training step asks for the same sizes every step, so after the first step no
+// memory comes from the system (on the host: no page faults, no mmap/munmap of 100 MB
+// tensors). A larger block saves releasing one block and faulting in another when the
+// sizes in use change within a step (a sharded conv's halo-extended input beside owned
+// tensors). in_use() and peak() count what the owners asked for, cached or not;
+// reserved() adds the cached blocks and the unused tails of larger blocks handed out.
+// Cached blocks are released when the reservation would pass the peak in use so far (plus
+// an eighth, at most 512 MiB) or the budget, when the system refuses memory, by
+// release_cached() and on destruction. A subclass that enables the cache must call release_cached() in its own
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
 
@@ -51,7 +55,7 @@ class Allocator {
 
   uint64_t in_use() const { return in_use_; }
   uint64_t peak() const { return peak_; }
-  uint64_t reserved() const { return in_use_ + cached_; }  // in use + cached (rounded sizes)
+  uint64_t reserved() const { return in_use_ + slack_ + cached_; }  // in use + cached (rounded sizes)
   uint64_t cached() const { return cached_; }
   uint64_t budget() const { return budget_; }
   void set_budget(uint64_t bytes) { budget_ = bytes; }
@@ -63,7 +67,8 @@ class Allocator {
   virtual void raw_deallocate(void* ptr);
 
  private:
-  void* take_cached(size_t block);
+  void* take_cached(size_t block, size_t* got);
+  size_t held_block(void* ptr, size_t bytes) const;  // the block size behind an allocation
   void trim_cache(uint64_t keep_at_most);
 
   std::string device_;
@@ -71,6 +76,7 @@ class Allocator {
   uint64_t in_use_ = 0, peak_ = 0;
   BlockCache cache_mode_;
   uint64_t cached_ = 0;
+  uint64_t slack_ = 0;  // blocks in use beyond what their owners asked for (rounding, larger blocks)
   struct Cache;
   std::unique_ptr<Cache> cache_;
 };

@@ -132,7 +132,7 @@ TEST(AllocatorCache, ReusesBlocksAndKeepsInUseAndPeak) {
   a.deallocate(p, 1000);
   EXPECT_EQ(a.in_use(), 5000u);  // cached blocks are not in use
   EXPECT_EQ(a.cached(), 1024u);  // 64-byte rounded
-  EXPECT_EQ(a.reserved(), 5000u + 1024u);
+  EXPECT_EQ(a.reserved(), 5056u + 1024u);  // both rounded
   void* r = a.allocate(1000, "c");  // same rounded size: the same block
   EXPECT_EQ(r, p);
   EXPECT_EQ(a.cached(), 0u);
@@ -156,6 +156,42 @@ TEST(AllocatorCache, CachedBlocksYieldToTheBudget) {
   EXPECT_LE(a.reserved(), 10000u);
   EXPECT_THROW(a.allocate(4000, "c"), DeviceMemoryError);  // the budget counts bytes in use
   a.deallocate(q, 8000);
+}
+
+// A request whose size is not cached takes the smallest cached block of up to twice its
+// size (the sizes of a sharded step change within it); the block keeps its own size.
+TEST(AllocatorCache, ALargerCachedBlockServesASmallerRequest) {
+  Allocator a("test", 0, BlockCache::Reuse);
+  void* p = a.allocate(8000, "a");
+  a.deallocate(p, 8000);
+  void* q = a.allocate(5000, "b");
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.in_use(), 5000u);
+  EXPECT_EQ(a.cached(), 0u);
+  EXPECT_EQ(a.reserved(), 8000u);  // the whole block is held
+  a.deallocate(q, 5000);
+  EXPECT_EQ(a.cached(), 8000u);
+  EXPECT_EQ(a.allocate(8000, "c"), p);  // filed under its own size again
+  a.deallocate(p, 8000);
+  void* small = a.allocate(900, "d");  // more than twice smaller: a block of its own
+  EXPECT_NE(small, p);
+  EXPECT_EQ(a.cached(), 8000u);
+  a.deallocate(small, 900);
+}
+
+// The reservation may pass the peak in use by an eighth of it, so that a block alive at
+// the peak is not released and faulted in again each step for a smaller one elsewhere.
+TEST(AllocatorCache, TheReservationStaysWithinAnEighthAboveThePeak) {
+  Allocator a("test", 0, BlockCache::Reuse);
+  void* big = a.allocate(8192, "peak");
+  a.deallocate(big, 8192);
+  void* small = a.allocate(1024, "other");  // 8192 + 1024 = 9216 = peak + peak / 8: kept
+  EXPECT_EQ(a.cached(), 8192u);
+  void* more = a.allocate(64, "more");  // would pass it: the cached block goes
+  EXPECT_EQ(a.cached(), 0u);
+  EXPECT_LE(a.reserved(), a.peak() + a.peak() / 8);
+  a.deallocate(small, 1024);
+  a.deallocate(more, 64);
 }
 
 TEST(AllocatorCache, OffFreesAtOnce) {
