@@ -19,6 +19,7 @@ usage: robustness_test.py HALOTRAIN WORKDIR
 Every run has a timeout, so a regression that hangs fails instead of blocking CI.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -239,10 +240,13 @@ def signal_cases():
     code, out = finish(proc)
     files = ckpts("sigint")
     # Steps are fast: periodic checkpoints (multiples of 1000) may come first; the stop's own
-    # checkpoint is the newest, at a step of its own.
+    # checkpoint is the newest, at the step the log says it stopped after (which may itself
+    # be a multiple of 1000).
+    stopped = re.search(r"stopped after step (\d+)", out)
     newest = files[-1] if files else ""
     check("SIGINT: finish the step, checkpoint, exit 3",
-          code == 3 and newest and int(newest[5:-3]) % 1000 != 0 and valid(os.path.join(ckdir("sigint"), newest))[0],
+          code == 3 and stopped and newest == f"ckpt-{stopped.group(1)}.h5"
+          and valid(os.path.join(ckdir("sigint"), newest))[0],
           f"exit {code} files {files} {out[-800:]}")
 
     # A second Ctrl-C ends the process at once, even when the first one is still pending.
