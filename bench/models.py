@@ -29,6 +29,43 @@ SEED = (_seed_block(12) + _seed_block(16) + _seed_block(32) + _seed_block(64) + 
          dict(type="global_avg_pool"), dict(type="dense", units=2)])
 
 
+# The speed benchmark's model: three 3x3 convs of 16-32 channels at full resolution.
+CONV3 = [dict(type="conv2d", filters=16, kernel=3, padding="same"), dict(type="relu"),
+         dict(type="conv2d", filters=32, kernel=3, padding="same"), dict(type="relu"),
+         dict(type="conv2d", filters=32, kernel=3, padding="same"), dict(type="relu"),
+         dict(type="global_avg_pool"), dict(type="dense", units=2)]
+
+MODELS = {"demo": DEMO, "seed": SEED, "conv3": CONV3}
+
+
+def conv_shapes(layers, h, w, channels=1):
+    """(cin, cout, kernel, height, width, first) of every conv, at the size it runs at, and
+    the (cin, units) of every dense layer."""
+    convs, dense, c = [], [], channels
+    for l in layers:
+        t = l["type"]
+        if t == "conv2d":
+            convs.append((c, l["filters"], l["kernel"], h, w, not convs))
+            c = l["filters"]
+        elif t == "max_pool2d":
+            h, w = h // l["pool"], w // l["pool"]
+        elif t == "global_avg_pool":
+            h = w = 1
+        elif t == "dense":
+            dense.append((c, l["units"]))
+            c = l["units"]
+    return convs, dense
+
+
+def train_flops(layers, h, w, channels=1):
+    """Counted flops of one training step per image: 2 x multiply-adds of every conv and
+    dense layer in forward, backward data (not of the image) and backward weights. The
+    pointwise layers (BN, ReLU, pools) are not counted, as is usual."""
+    convs, dense = conv_shapes(layers, h, w, channels)
+    total = sum(2 * k * k * cin * cout * ch * cw * (2 if first else 3) for cin, cout, k, ch, cw, first in convs)
+    return total + sum(2 * cin * units * 3 for cin, units in dense)
+
+
 def torch_sequential(layers, channels=1):
     import torch.nn as nn
     mods, c = [], channels

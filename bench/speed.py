@@ -1,0 +1,263 @@
+#!/usr/bin/python3
+"""Speed on one machine: what sharding costs, how close the step is to the machine's conv
+throughput, what the process really uses, and how the step grows with the image.
+
+Every figure is a ratio measured in this one run (`make bench` runs it):
+  (1) grid: the conv3 model (bench/models.py: three 3x3 convs, 16-32 channels) at 768 x 768,
+      batch 2, on grid 1x1 (one worker, all threads), 2x1 and 2x2 (shard threads of one
+      process sharing the same cores). Goals: 2x1 within 5% of 1x1, 2x2 within 10%.
+      Runs interleave (1x1, 2x1, 2x2, 1x1, ...) so a drift of the machine hits all alike.
+  (2) throughput: the training step in GFLOP/s of the model's counted flops (train_flops:
+      conv and dense multiply-adds x 2 in forward and both backwards) against the best
+      forward convolution of oneDNN that `halotrain_conv_throughput` measures in the same
+      run (3x3, 64-128 channels). Goal: >= 60%, for the seed model at 1024 x 1024 and the
+      demo model at 1024 x 768.
+  (3) memory: every halotrain run's process peak RSS (getrusage of the child: all shards)
+      against its tracked peaks (memory.csv, summed over the shards of the process).
+      Goal: RSS <= 1.1 x tracked + 256 MiB.
+  (4) scaling: the demo model's step from 512^2 to 4096^2 (batch 2), per megapixel, with
+      the ratio to torch on the same image.
+Torch: PyTorch 1.13 CPU with a warm heap (bench/cpu_vs_torch.py says why), same model,
+batch, data and threads, timed from a batch already in memory.
+Exit status 0 when every goal is met, 1 otherwise.
+
+usage: speed.py --halotrain BIN [--workdir DIR] [--threads T] [--repeat R] [--out FILE.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from cpu_vs_torch import WARM_HEAP, machine, make_data, mib  # noqa: E402
+from models import MODELS, conv_shapes, torch_sequential, train_flops  # noqa: E402
+
+WARMUP, TIMED = 2, 6
+MiB = 2**20
+
+
+def flow(d):
+    return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+
+
+def run_halotrain(args, model, tag, data, h, w, grid, batch, steps=WARMUP + TIMED):
+    run_dir = os.path.join(args.workdir, "run-" + tag)
+    shutil.rmtree(run_dir, ignore_errors=True)  # every run a fresh one: no resume, no stale metrics
+    cfg = os.path.join(args.workdir, tag + ".yaml")
+    layers = "\n".join("    - " + flow(l) for l in MODELS[model])
+    with open(cfg, "w") as f:
+        f.write(f"""name: speed
+run_dir: {run_dir}
+seed: 1234
+data: {{train: {data}, images: images, targets: labels, shuffle: true}}
+model:
+  input: [{h}, {w}, 1]
+  layers:
+{layers}
+  loss: softmax_cross_entropy
+training:
+  batch_size: {batch}
+  steps: {steps}
+  optimizer: {{type: adam, lr: 0.003}}
+  log_every: 1
+parallel: {{backend: cpu, grid: [{grid[0]}, {grid[1]}], device_memory: 20GiB}}
+checkpoint: {{every_steps: 0, keep: 1, resume: never}}
+""")
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)  # the launcher divides the cores among the shards
+    proc = subprocess.Popen([args.halotrain, "train", cfg], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"halotrain train {cfg} failed:\n{err}")
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        head = f.readline().strip().split(",")
+        rows = [dict(zip(head, line.strip().split(","))) for line in f]
+    with open(os.path.join(run_dir, "memory.csv")) as f:
+        head = f.readline().strip().split(",")
+        mem = [dict(zip(head, line.strip().split(","))) for line in f]
+    secs = [float(r["seconds"]) for r in rows]
+    tracked = sum(int(m["peak_device_bytes"]) for m in mem)
+    exact = all(m["peak_device_bytes"] == m["predicted_peak_device_bytes"] for m in mem)
+    return dict(median=statistics.median(secs[WARMUP:]), tracked=tracked, exact=exact,
+                rss=usage.ru_maxrss * 1024)
+
+
+def torch_worker(model, data, batch, steps, threads):
+    import h5py
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    with h5py.File(data, "r") as f:
+        images = np.ascontiguousarray(f["images"][...].transpose(0, 3, 1, 2), dtype=np.float32)
+        labels = f["labels"][...].astype(np.int64)
+    net = torch_sequential(MODELS[model])
+    opt = torch.optim.Adam(net.parameters(), lr=0.003, eps=1e-7)
+    times = []
+    for step in range(steps):
+        idx = [(step * batch + i) % images.shape[0] for i in range(batch)]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(torch.from_numpy(images[idx])), torch.from_numpy(labels[idx])).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    print(json.dumps(dict(median=statistics.median(times[WARMUP:]))))
+
+
+def run_torch(model, data, batch, threads, steps=WARMUP + TIMED):
+    env = dict(os.environ, GLIBC_TUNABLES=WARM_HEAP)
+    out = subprocess.run([sys.executable, __file__, "--torch-worker", model, data, str(batch), str(steps),
+                          str(threads)], check=True, capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])["median"]
+
+
+def conv_throughput(args, extra=()):
+    exe = os.path.join(os.path.dirname(args.halotrain), "bench", "halotrain_conv_throughput")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    out = subprocess.run([exe, "--seconds", "2", *extra], check=True, capture_output=True, text=True, env=env)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def model_convs(args, model, h, w, batch):
+    """GFLOP/s of the model's own 3x3 convs, each pass timed alone by oneDNN."""
+    convs, _ = conv_shapes(MODELS[model], h, w)
+    extra = []
+    for cin, cout, k, ch, cw, first in convs:
+        assert k == 3, "halotrain_conv_throughput times 3x3 'same' convs"
+        extra += ["--conv", f"{batch},{cin},{cout},{ch},{cw},{int(first)}"]
+    return conv_throughput(args, extra)[0]["gflops"]
+
+
+def data_file(args, h, w, count=4):
+    path = os.path.join(args.workdir, f"data{h}x{w}.h5")
+    make_data(args.halotrain, path, count, h, w)
+    return path
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        a = sys.argv[2:]
+        torch_worker(a[0], a[1], int(a[2]), int(a[3]), int(a[4]))
+        return
+    p = argparse.ArgumentParser()
+    p.add_argument("--halotrain", required=True)
+    p.add_argument("--workdir", default="/tmp/halotrain-speed")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the grid runs")
+    p.add_argument("--out", default=None, help="markdown to write")
+    args = p.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    T = args.threads
+    started = time.time()
+    ok = True
+    memory_rows = []
+
+    def check_memory(name, r):
+        nonlocal ok
+        bound = 1.1 * r["tracked"] + 256 * MiB
+        good = r["rss"] <= bound and r["exact"]
+        ok &= good
+        memory_rows.append(f"| {name} | {mib(r['tracked'])} | {'yes' if r['exact'] else 'NO'} | {mib(r['rss'])} | "
+                           f"{r['rss'] / r['tracked']:.3f} | {mib(bound)} {'ok' if good else 'MISSED'} |")
+
+    lines = [f"Machine: {machine()}; {datetime.date.today()}; {T} threads.", ""]
+
+    # (1) grid
+    h = w = 768
+    batch = 2
+    data = data_file(args, h, w)
+    grids = [(1, 1), (2, 1), (2, 2)]
+    runs = {g: [] for g in grids}
+    for rnd in range(args.repeat):
+        for g in grids:
+            r = run_halotrain(args, "conv3", f"grid-{g[0]}x{g[1]}", data, h, w, g, batch)
+            runs[g].append(r)
+            if rnd == 0:
+                check_memory(f"conv3 {h}x{w} grid {g[0]}x{g[1]}", r)
+    torch_grid = statistics.median(run_torch("conv3", data, batch, T) for _ in range(args.repeat))
+    med = {g: statistics.median(r["median"] for r in runs[g]) for g in grids}
+    lines += [f"### (1) Grid on one machine: conv3 at {h}x{w}, batch {batch}, {T} cores", "",
+              f"Median step of {TIMED} after {WARMUP}; median over {args.repeat} interleaved runs (each run's "
+              "median in brackets).", "",
+              "| grid | shard threads x OpenMP threads | median step [runs] | vs 1x1 | goal | vs torch |",
+              "|---|---|---|---|---|---|"]
+    goals = {(1, 1): None, (2, 1): 1.05, (2, 2): 1.10}
+    for g in grids:
+        P = g[0] * g[1]
+        ratio = med[g] / med[(1, 1)]
+        goal = goals[g]
+        good = goal is None or ratio <= goal
+        ok &= good
+        spread = "/".join(f"{r['median']:.3f}" for r in runs[g])
+        lines.append(f"| {g[0]}x{g[1]} | {P} x {max(1, T // P)} | {med[g]:.3f} s [{spread}] | {ratio:.3f} | "
+                     f"{'' if goal is None else f'<= {goal:.2f} ' + ('ok' if good else 'MISSED')} | "
+                     f"{med[g] / torch_grid:.2f} |")
+    lines += [f"| torch, {T} threads | | {torch_grid:.3f} s | | | 1.00 |", ""]
+
+    # (2) throughput
+    ceiling = conv_throughput(args)
+    best = max(c["gflops"] for c in ceiling)
+    lines += ["### (2) Training step throughput against oneDNN's forward convolution", "",
+              "oneDNN forward conv, 3x3 'same', NCHW in and out (DnnlConv2d), best call: " +
+              ", ".join(f"{c['n']}x{c['channels']}x{c['height']}x{c['width']} {c['gflops']:.1f} GFLOP/s"
+                        for c in ceiling) + f"; ceiling {best:.1f} GFLOP/s.", "",
+              "Beside each step: the model's own convs, every training pass of each timed alone by oneDNN "
+              "(what the step would reach if nothing but its convs took time), and torch's step in the same "
+              "GFLOP/s.", "",
+              "| model | image, batch | counted GFLOP per step | median step | GFLOP/s | vs ceiling | goal | "
+              "its convs alone: GFLOP/s, vs ceiling | torch: GFLOP/s, vs ceiling | step vs torch |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, h, w, batch in [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv3", 768, 768, 2)]:
+        data = data_file(args, h, w)
+        r = run_halotrain(args, model, f"flops-{model}", data, h, w, (1, 1), batch)
+        if model != "conv3":
+            check_memory(f"{model} {h}x{w} grid 1x1", r)
+        t = run_torch(model, data, batch, T)
+        gflop = train_flops(MODELS[model], h, w) * batch / 1e9
+        rate = gflop / r["median"]
+        good = rate >= 0.6 * best
+        ok &= good
+        alone = model_convs(args, model, h, w, batch)
+        lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
+                     f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
+                     f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} |")
+    lines.append("")
+
+    # (4) scaling
+    lines += ["### (4) Step time against image size: demo model, batch 2, grid 1x1", "",
+              "| image | megapixels per step | median step | ms per megapixel | torch step | vs torch |",
+              "|---|---|---|---|---|---|"]
+    for side in [512, 1024, 2048, 4096]:
+        data = data_file(args, side, side, count=2)
+        r = run_halotrain(args, "demo", f"size-{side}", data, side, side, (1, 1), 2)
+        if side == 4096:
+            check_memory(f"demo {side}x{side} grid 1x1", r)
+        t = run_torch("demo", data, 2, T)
+        mp = 2 * side * side / 1e6
+        lines.append(f"| {side}x{side} | {mp:.2f} | {r['median']:.3f} s | {1000 * r['median'] / mp:.1f} | "
+                     f"{t:.3f} s | {r['median'] / t:.2f} |")
+    lines.append("")
+
+    lines += ["### (3) Process RSS against the tracked peak", "",
+              "| run | tracked peak (all shards) | predicted == measured | process peak RSS | RSS / tracked | "
+              "goal: <= 1.1 x tracked + 256 MiB |", "|---|---|---|---|---|---|"] + memory_rows
+    lines += ["", f"Bench wall time {time.time() - started:.0f} s."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
