@@ -25,6 +25,7 @@ LayerKind conv2d() {
             with_default("dilation", KeyType::Int, int64_t(1)),
             with_default("bias", KeyType::Bool, true)};
   k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.traits.halo_overlap = true;
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);
@@ -52,6 +53,7 @@ LayerKind depthwise(bool separable) {
                        with_default("bias", KeyType::Bool, true)})
     k.keys.push_back(key);
   k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.traits.halo_overlap = !separable;
   k.shape = [separable](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);

@@ -50,7 +50,16 @@ class Comm {
   virtual void allreduce_sum(float* data, size_t count) = 0;
   // Posts every send and receive, returns when all receives have arrived. Messages between
   // one pair of ranks are matched in the order they are listed.
-  virtual void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) = 0;
+  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
+    start_exchange(sends, recvs);
+    finish_exchange();
+  }
+  // exchange() in two halves, so that work that needs neither buffer runs while the
+  // messages are in flight: start_exchange posts them, finish_exchange returns when every
+  // receive has arrived and the send buffers may be reused. Between the two the caller
+  // leaves all the buffers alone. One exchange at a time per comm.
+  virtual void start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) = 0;
+  virtual void finish_exchange() = 0;
   virtual void broadcast_host(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new comm, ordered by their rank here.

@@ -21,11 +21,12 @@ class CountingComm : public Comm {
   int size() const override { return inner_.size(); }
   void allreduce_sum_host(double* data, size_t count) override { inner_.allreduce_sum_host(data, count); }
   void allreduce_sum(float* data, size_t count) override { inner_.allreduce_sum(data, count); }
-  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override {
+  void start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override {
     if (counting_)
       for (const SendMsg& m : sends) sent_[size_t(m.peer)] += m.count * sizeof(float);
-    inner_.exchange(sends, recvs);
+    inner_.start_exchange(sends, recvs);
   }
+  void finish_exchange() override { inner_.finish_exchange(); }
   void broadcast_host(void* data, size_t bytes, int root) override { inner_.broadcast_host(data, bytes, root); }
   void barrier() override { inner_.barrier(); }
   std::unique_ptr<Comm> split(int color) override { return inner_.split(color); }

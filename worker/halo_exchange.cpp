@@ -14,14 +14,24 @@ HaloExchange::HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& wor
 }
 
 Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
+  Tensor ext = start_gather(x, what);
+  finish_gather(ext);
+  return ext;
+}
+
+Tensor HaloExchange::start_gather(const Tensor& x, const std::string& what) {
   Tensor ext(backend_.allocator(), x.n(), x.c(), needed_.rows.size(), needed_.cols.size(), what);
   backend_.unpack_rect(x.data(), x.n(), x.c(), ext.h(), ext.w(), owned_.rows.lo - needed_.rows.lo,
                        owned_.cols.lo - needed_.cols.lo, owned_.rows.size(), owned_.cols.size(),
                        ext.data(), ComputeBackend::Unpack::Overwrite);
-  // Rows first, then columns including the received rows: that covers the corners.
-  run_phase(HaloPhase::Rows, ext, Direction::Forward);
-  run_phase(HaloPhase::Cols, ext, Direction::Forward);
+  start_phase(HaloPhase::Rows, ext, Direction::Forward);
   return ext;
+}
+
+void HaloExchange::finish_gather(Tensor& ext) {
+  // Rows first, then columns including the received rows: that covers the corners.
+  finish_phase(ext);
+  run_phase(HaloPhase::Cols, ext, Direction::Forward);
 }
 
 Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what) {
@@ -54,6 +64,12 @@ void HaloExchange::scatter_add_in_place(Tensor& grad) {
 }
 
 void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, Direction direction) {
+  start_phase(phase, ext, direction);
+  finish_phase(ext);
+}
+
+void HaloExchange::start_phase(HaloPhase phase, const Tensor& ext, Direction direction) {
+  if (pending_.active) throw std::logic_error("HaloExchange: a phase started before the last one finished");
   const bool backward = direction == Direction::Backward;
   // Forward: pack what peers receive from us out of `ext`, unpack what we receive into it.
   // Backward: the same regions with the roles swapped, and unpacking adds.
@@ -67,13 +83,17 @@ void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, Direction direction) 
   size_t send_total = 0, recv_total = 0;
   for (const auto& r : to_pack) send_total += volume(r);
   for (const auto& r : to_unpack) recv_total += volume(r);
-  Tensor send_buf(backend_.allocator(), 1, 1, 1, int(send_total), "halo send buffer");
-  Tensor recv_buf(backend_.allocator(), 1, 1, 1, int(recv_total), "halo receive buffer");
+  Pending& p = pending_;
+  p.send_buf = Tensor(backend_.allocator(), 1, 1, 1, int(send_total), "halo send buffer");
+  p.recv_buf = Tensor(backend_.allocator(), 1, 1, 1, int(recv_total), "halo receive buffer");
+  p.to_unpack = to_unpack;
+  p.direction = direction;
+  p.active = true;
 
   std::vector<SendMsg> sends;
   size_t offset = 0;
   for (const auto& r : to_pack) {
-    float* dst = send_buf.data() + offset;
+    float* dst = p.send_buf.data() + offset;
     backend_.pack_rect(ext.data(), n, c, ext.h(), ext.w(), r.rect.rows.lo - needed_.rows.lo,
                        r.rect.cols.lo - needed_.cols.lo, r.rect.rows.size(), r.rect.cols.size(), dst);
     sends.push_back({r.peer, dst, volume(r)});
@@ -82,19 +102,30 @@ void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, Direction direction) 
   std::vector<RecvMsg> recvs;
   offset = 0;
   for (const auto& r : to_unpack) {
-    recvs.push_back({r.peer, recv_buf.data() + offset, volume(r)});
+    recvs.push_back({r.peer, p.recv_buf.data() + offset, volume(r)});
     offset += volume(r);
   }
   backend_.synchronize();
-  world_.exchange(sends, recvs);
-  offset = 0;
-  for (const auto& r : to_unpack) {
-    backend_.unpack_rect(recv_buf.data() + offset, n, c, ext.h(), ext.w(),
+  world_.start_exchange(sends, recvs);
+}
+
+void HaloExchange::finish_phase(Tensor& ext) {
+  Pending& p = pending_;
+  if (!p.active) return;
+  p.active = false;
+  world_.finish_exchange();
+  const int n = ext.n(), c = ext.c();
+  size_t offset = 0;
+  for (const auto& r : p.to_unpack) {
+    backend_.unpack_rect(p.recv_buf.data() + offset, n, c, ext.h(), ext.w(),
                          r.rect.rows.lo - needed_.rows.lo, r.rect.cols.lo - needed_.cols.lo,
                          r.rect.rows.size(), r.rect.cols.size(), ext.data(),
-                         backward ? ComputeBackend::Unpack::Accumulate : ComputeBackend::Unpack::Overwrite);
-    offset += volume(r);
+                         p.direction == Direction::Backward ? ComputeBackend::Unpack::Accumulate
+                                                            : ComputeBackend::Unpack::Overwrite);
+    offset += size_t(n) * c * size_t(r.rect.area());
   }
+  p.recv_buf.release();
+  p.send_buf.release();
 }
 
 }  // namespace ht

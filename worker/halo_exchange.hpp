@@ -21,6 +21,14 @@ class HaloExchange {
 
   // x: [n, c, owned rows, owned cols] -> [n, c, needed rows, needed cols].
   Tensor gather(const Tensor& x, const std::string& what);
+  // gather() in two halves: start_gather returns the extended tensor with x's cells in
+  // place and the row halo posted; finish_gather receives it, then runs the column phase.
+  // Between them the caller may compute whatever reads only x's own cells.
+  Tensor start_gather(const Tensor& x, const std::string& what);
+  void finish_gather(Tensor& ext);
+  // True when the column phase receives nothing: after start_gather, every cell of the
+  // owned rows that a window can read is in place.
+  bool owned_rows_complete() const { return needed_.cols == owned_.cols; }
   // grad of the extended input -> grad of the owned input (received cells added to owners).
   Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
   // The same, accumulating in grad_ext's own memory instead of a copy of it.
@@ -35,6 +43,18 @@ class HaloExchange {
   // adjoint, sends the halo's gradients back and adds them into the owned border.
   enum class Direction { Forward, Backward };
   void run_phase(HaloPhase phase, Tensor& ext, Direction direction);
+  // run_phase in two halves: packs and posts; then waits and unpacks into the same `ext`.
+  void start_phase(HaloPhase phase, const Tensor& ext, Direction direction);
+  void finish_phase(Tensor& ext);
+
+  // The phase started and not yet finished.
+  struct Pending {
+    Tensor send_buf, recv_buf;
+    std::vector<HaloRegion> to_unpack;
+    Direction direction = Direction::Forward;
+    bool active = false;
+  };
+  Pending pending_;
 
   const ShardPlan& plan_;
   int layer_, rank_;

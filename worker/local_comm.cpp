@@ -116,7 +116,7 @@ void LocalComm::allreduce_sum(float* data, size_t count) {
   hub_->memory.copy(data, host.data(), count * sizeof(float));
 }
 
-void LocalComm::exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
+void LocalComm::start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
   // Messages are staged on the host outside the lock: device copies do not hold up peers.
   std::vector<std::vector<float>> staged(sends.size());
   for (size_t i = 0; i < sends.size(); ++i) {
@@ -127,6 +127,13 @@ void LocalComm::exchange(const std::vector<SendMsg>& sends, const std::vector<Re
   hub_->check();
   for (size_t i = 0; i < sends.size(); ++i) hub_->mail[{rank_, sends[i].peer}].push_back(std::move(staged[i]));
   if (!sends.empty()) hub_->cv.notify_all();
+  pending_ = recvs;
+}
+
+void LocalComm::finish_exchange() {
+  const std::vector<RecvMsg> recvs = std::move(pending_);
+  pending_.clear();
+  std::unique_lock<std::mutex> lock(hub_->mu);
   for (const RecvMsg& r : recvs) {
     auto& box = hub_->mail[{r.peer, rank_}];
     hub_->cv.wait(lock, [&] { return !box.empty() || hub_->aborted; });

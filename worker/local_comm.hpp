@@ -27,7 +27,8 @@ class LocalComm : public Comm {
   int size() const override;
   void allreduce_sum_host(double* data, size_t count) override;
   void allreduce_sum(float* data, size_t count) override;
-  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void finish_exchange() override;
   void broadcast_host(void* data, size_t bytes, int root) override;
   void barrier() override;
   std::unique_ptr<Comm> split(int color) override;
@@ -39,6 +40,8 @@ class LocalComm : public Comm {
 
   std::shared_ptr<LocalHub> hub_;
   int rank_;
+  std::vector<RecvMsg> pending_;  // the receives of the exchange started
+
 };
 
 }  // namespace ht

@@ -57,13 +57,18 @@ void MpiComm::allreduce(T* data, size_t count, MPI_Datatype type) {
 void MpiComm::allreduce_sum_host(double* data, size_t count) { allreduce(data, count, MPI_DOUBLE); }
 void MpiComm::allreduce_sum(float* data, size_t count) { allreduce(data, count, MPI_FLOAT); }
 
-void MpiComm::exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
-  std::vector<MPI_Request> requests(sends.size() + recvs.size());
+void MpiComm::start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
+  pending_.assign(sends.size() + recvs.size(), MPI_REQUEST_NULL);
   size_t k = 0;
   for (const RecvMsg& r : recvs)
-    MPI_CHECK(MPI_Irecv(r.data, int(r.count), MPI_FLOAT, r.peer, 0, comm_, &requests[k++]));
+    MPI_CHECK(MPI_Irecv(r.data, int(r.count), MPI_FLOAT, r.peer, 0, comm_, &pending_[k++]));
   for (const SendMsg& s : sends)
-    MPI_CHECK(MPI_Isend(const_cast<float*>(s.data), int(s.count), MPI_FLOAT, s.peer, 0, comm_, &requests[k++]));
+    MPI_CHECK(MPI_Isend(const_cast<float*>(s.data), int(s.count), MPI_FLOAT, s.peer, 0, comm_, &pending_[k++]));
+}
+
+void MpiComm::finish_exchange() {
+  std::vector<MPI_Request> requests = std::move(pending_);
+  pending_.clear();
   MPI_CHECK(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
 }
 

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "worker/comm.hpp"
 
@@ -23,7 +24,8 @@ class MpiComm : public Comm {
   int size() const override { return size_; }
   void allreduce_sum_host(double* data, size_t count) override;
   void allreduce_sum(float* data, size_t count) override;
-  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void finish_exchange() override;
   void broadcast_host(void* data, size_t bytes, int root) override;
   void barrier() override;
   std::unique_ptr<Comm> split(int color) override;
@@ -37,6 +39,7 @@ class MpiComm : public Comm {
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> pending_;  // the requests of the exchange started
 };
 
 // True when this process was started by mpirun/srun with more than one rank, or under MPI.

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
@@ -123,12 +125,45 @@ class Conv2DLayer : public WindowedLayer {
       throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
                                          g.wout(), y.h(), y.w()));
   }
+  // The output rows that read no halo row: [lo, hi) of g (the extended input's conv).
+  std::pair<int, int> interior_rows(const ConvGeom& g) const {
+    const int own_lo = halo_.owned().rows.lo - halo_.needed().rows.lo, own_hi = own_lo + halo_.owned().rows.size();
+    const int span = (g.kh - 1) * g.dil_h;  // output row i reads rows i*stride - pad_top + [0, span]
+    auto ceil_div = [](int a, int b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };
+    auto floor_div = [](int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
+    const int lo = own_lo == 0 ? 0 : ceil_div(own_lo + g.pad_top, g.stride_h);
+    const int hi = own_hi == g.hin ? g.hout() : floor_div(own_hi - 1 + g.pad_top - span, g.stride_h) + 1;
+    return {std::clamp(lo, 0, g.hout()), std::clamp(hi, 0, g.hout())};
+  }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
-    const Tensor& in = gather(x);
-    const ConvGeom g = geom(in);
+    if (halo_.in_place()) {
+      const Tensor& in = gather(x);
+      const ConvGeom g = geom(in);
+      Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
+      check_output(g, y);
+      kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
+      return y;
+    }
+    // The row halo moves while the rows that need none are computed (the memory model's
+    // forward follows this order: LayerTraits::halo_overlap).
+    ext_ = halo_.start_gather(x, "halo-extended input of " + label());
+    const ConvGeom g = geom(ext_);
     Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     check_output(g, y);
-    kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
+    ConvKernel& k = kernel(g);
+    const float *w = weight(kernel_name_), *b = weight("bias:0");
+    const auto [lo, hi] = interior_rows(g);
+    const int H = g.hout();
+    if (halo_.owned_rows_complete() && lo < hi && k.can_forward_rows(lo, hi) && (lo == 0 || k.can_forward_rows(0, lo)) &&
+        (hi == H || k.can_forward_rows(hi, H))) {
+      k.forward_rows(ext_.data(), w, b, y.data(), lo, hi);
+      halo_.finish_gather(ext_);
+      if (lo > 0) k.forward_rows(ext_.data(), w, b, y.data(), 0, lo);
+      if (hi < H) k.forward_rows(ext_.data(), w, b, y.data(), hi, H);
+    } else {
+      halo_.finish_gather(ext_);
+      k.forward(ext_.data(), w, b, y.data());
+    }
     if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }

@@ -2,9 +2,11 @@
 // the numerical reference) and a oneDNN float path with cached primitives.
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/geometry.hpp"
 
@@ -72,6 +74,15 @@ class DnnlConv2d {
 
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
+  // forward() for output rows [row_lo, row_hi) from the same x and into the same y: a conv
+  // of just the input rows they read, through strided views (one primitive per row range,
+  // cached). can_forward_rows() says where it runs: not with one input channel on a
+  // vectorising CPU (forward runs the loops there), not where a padding reaches past the
+  // window (oneDNN computes such rows another way), and not where the part would ask for
+  // more scratch than forward() (which is what the memory model reserves). Where it runs,
+  // its results are forward()'s to the bit (tests/unit/kernels_dnnl_test.cpp).
+  bool can_forward_rows(int row_lo, int row_hi);
+  void forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi);
   void backward_data(const float* dy, const float* w, float* dx);
   void backward_weights(const float* x, const float* dy, float* dw, float* dbias);
 
@@ -80,8 +91,13 @@ class DnnlConv2d {
 
  private:
   struct Impl;
+  struct RowPart;
+  // A part of a larger conv: its tensors' planes are `x_plane` and `y_plane` floats apart.
+  DnnlConv2d(const ConvGeom& g, ScratchArena* arena, int64_t x_plane, int64_t y_plane);
+  RowPart& row_part(int row_lo, int row_hi);
   ConvGeom g_;
   std::unique_ptr<Impl> impl_;
+  std::vector<std::unique_ptr<RowPart>> parts_;
 };
 
 }  // namespace ht::cpu

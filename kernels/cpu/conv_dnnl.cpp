@@ -116,6 +116,7 @@ struct DnnlConv2d::Impl {
     dnnl::convolution_forward prim;
     Port x, w, y;
     size_t pad = 0;
+    std::string impl;  // oneDNN's implementation and the layouts it computes in
   };
   struct BwdData {
     dnnl::convolution_backward_data prim;
@@ -132,20 +133,26 @@ struct DnnlConv2d::Impl {
   std::optional<BwdData> bwd_data;
   std::optional<BwdWeights> bwd_w[2];
 
-  Impl(const ConvGeom& g, ScratchArena* a) : arena(a ? a : &thread_scratch()) {
-    x_md = memory::desc({g.n, g.cin, g.hin, g.win}, dt::f32, tag::nchw);
+  // x_plane, y_plane: floats between two planes of x and of y (0: dense NCHW).
+  Impl(const ConvGeom& g, ScratchArena* a, int64_t x_plane = 0, int64_t y_plane = 0)
+      : arena(a ? a : &thread_scratch()) {
+    x_md = nchw(g.n, g.cin, g.hin, g.win, x_plane);
     // A grouped weight [cout][cin/groups][kh][kw] is goihw with the groups outermost.
     w_md = g.groups == 1 ? memory::desc({g.cout, g.cin, g.kh, g.kw}, dt::f32, tag::oihw)
                          : memory::desc({g.groups, g.cout_per_group(), g.cin_per_group(), g.kh, g.kw}, dt::f32,
                                         tag::goihw);
     b_md = memory::desc({g.cout}, dt::f32, tag::x);
-    y_md = memory::desc({g.n, g.cout, g.hout(), g.wout()}, dt::f32, tag::nchw);
+    y_md = nchw(g.n, g.cout, g.hout(), g.wout(), y_plane);
     strides = {g.stride_h, g.stride_w};
     dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gap, not the step
     pad_l = {g.pad_top, g.pad_left};
     pad_r = {g.pad_bottom, g.pad_right};
   }
 
+  static memory::desc nchw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t plane) {
+    if (!plane) return memory::desc({n, c, h, w}, dt::f32, tag::nchw);
+    return memory::desc({n, c, h, w}, dt::f32, memory::dims{c * plane, plane, w, 1});
+  }
   static memory::desc any(const memory::desc& d) {
     return memory::desc(d.dims(), dt::f32, tag::any);
   }
@@ -207,7 +214,7 @@ struct DnnlConv2d::Impl {
     auto& f = fwd[bias];
     if (!f) {
       auto pd = fwd_pd(bias);
-      f.emplace(Fwd{dnnl::convolution_forward(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
+      f.emplace(Fwd{dnnl::convolution_forward(pd), {}, {}, {}, pd.scratchpad_desc().get_size(), pd.impl_info_str()});
       f->x.init(eng, x_md, pd.src_desc(), false);
       f->w.init(eng, w_md, pd.weights_desc(), false);
       f->y.init(eng, y_md, pd.dst_desc(), true);
@@ -269,6 +276,75 @@ struct DnnlConv2d::Impl {
 DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena) : g_(g) {
   validate(g);
   impl_ = std::make_unique<Impl>(g, arena);
+}
+DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, int64_t x_plane, int64_t y_plane) : g_(g) {
+  validate(g);
+  impl_ = std::make_unique<Impl>(g, arena, x_plane, y_plane);
+}
+
+namespace {
+// Whether two tensors of the same rank are blocked alike (nChw16c, nChw8c, nchw, ...).
+bool same_blocks(const memory::desc& a, const memory::desc& b) {
+  if (a.data.format_kind != b.data.format_kind) return false;
+  const auto &x = a.data.format_desc.blocking, &y = b.data.format_desc.blocking;
+  if (x.inner_nblks != y.inner_nblks) return false;
+  for (int i = 0; i < x.inner_nblks; ++i)
+    if (x.inner_blks[i] != y.inner_blks[i] || x.inner_idxs[i] != y.inner_idxs[i]) return false;
+  return true;
+}
+}  // namespace
+
+// Output rows [lo, hi) of the whole conv: the conv of input rows [in_row, in_row + its
+// hin), with the whole conv's padding where those rows reach past the image.
+struct DnnlConv2d::RowPart {
+  int lo, hi, in_row;
+  std::unique_ptr<DnnlConv2d> conv;
+  bool fits;  // its scratch, slot by slot, within forward()'s
+};
+
+DnnlConv2d::RowPart& DnnlConv2d::row_part(int lo, int hi) {
+  for (auto& p : parts_)
+    if (p->lo == lo && p->hi == hi) return *p;
+  const ConvGeom& g = g_;
+  const int span = (g.kh - 1) * g.dil_h + 1;
+  const int first = lo * g.stride_h - g.pad_top, last = (hi - 1) * g.stride_h - g.pad_top + span;  // [first, last)
+  ConvGeom s = g;
+  const int in_lo = std::max(first, 0), in_hi = std::min(last, g.hin);
+  s.hin = in_hi - in_lo;
+  s.pad_top = in_lo - first;
+  s.pad_bottom = last - in_hi;
+  auto conv = std::unique_ptr<DnnlConv2d>(
+      new DnnlConv2d(s, impl_->arena, int64_t(g.hin) * g.win, int64_t(g.hout()) * g.wout()));
+  if (s.hout() != hi - lo) throw std::logic_error("DnnlConv2d::forward_rows: row part of the wrong height");
+  // The part must compute as forward() does (the same oneDNN kernel, so the same sums in
+  // the same order) and within forward()'s scratch.
+  const ConvScratch mine = scratch_need(kConvForward), its = conv->scratch_need(kConvForward);
+  bool fits = true;
+  for (int i = 0; i < kScratchSlots; ++i) fits &= its.slot[i] <= mine.slot[i];
+  for (bool bias : {false, true}) {
+    const auto &a = impl_->get_fwd(bias), &b = conv->impl_->get_fwd(bias);
+    fits &= a.impl == b.impl && a.w.prim == b.w.prim && same_blocks(a.x.prim, b.x.prim) && same_blocks(a.y.prim, b.y.prim);
+  }
+  parts_.push_back(std::make_unique<RowPart>(RowPart{lo, hi, in_lo, std::move(conv), fits}));
+  return *parts_.back();
+}
+
+bool DnnlConv2d::can_forward_rows(int lo, int hi) {
+  const ConvGeom& g = g_;
+  const int span = (g.kh - 1) * g.dil_h + 1;
+  if (g.cin == 1 && conv_loops_vectorised()) return false;
+  if (g.pad_top >= span || g.pad_bottom >= span) return false;
+  if (lo < 0 || hi > g.hout() || lo >= hi) return false;
+  if (lo == 0 && hi == g.hout()) return true;
+  return row_part(lo, hi).fits;
+}
+
+void DnnlConv2d::forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi) {
+  if (!can_forward_rows(row_lo, row_hi))
+    throw std::invalid_argument("DnnlConv2d::forward_rows: not for these rows");
+  if (row_lo == 0 && row_hi == g_.hout()) return forward(x, w, bias, y);
+  RowPart& p = row_part(row_lo, row_hi);
+  p.conv->forward(x + size_t(p.in_row) * g_.win, w, bias, y + size_t(row_lo) * g_.wout());
 }
 DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;

@@ -1,9 +1,11 @@
 // The threads comm moves backend memory only through its MemoryOps (CUDA: cudaMemcpy), in
-// exchange() and allreduce_sum(), also in comms made by split(); sums stay in rank order.
+// exchange() and allreduce_sum(), also in comms made by split(); sums stay in rank order;
+// an exchange started returns before its peer has posted.
 // Host memory stands in for the device here: the copy function counts its calls.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -110,6 +112,30 @@ TEST(LocalCommMemoryOps, ExchangeCopiesOutOfTheSenderAndIntoTheReceiver) {
     EXPECT_EQ(got[r], (std::vector<float>{prev, prev, prev, prev, prev, 10 * prev, 10 * prev, 10 * prev}));
   }
   EXPECT_EQ(g_copied_bytes.load(), size_t(P) * 2 * 8 * sizeof(float));  // out of a, b; into got
+}
+
+// start_exchange posts and returns without waiting for the peer (a sharded conv computes
+// its interior meanwhile); finish_exchange delivers. Rank 1 posts only once rank 0's start
+// has returned: a start that waited for its receives would not return before then.
+TEST(LocalCommMemoryOps, StartedExchangeReturnsBeforeThePeerPostsAndFinishDelivers) {
+  auto comms = LocalComm::create(2);
+  std::atomic<bool> started0{false};
+  bool rank1_saw_start = false;
+  std::vector<std::vector<float>> got(2, std::vector<float>(4, -1.f));
+  on_every_rank(comms, [&](int r, Comm& comm) {
+    std::vector<float> mine(4, float(r + 1));
+    if (r == 1) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!started0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      rank1_saw_start = started0;
+    }
+    comm.start_exchange({{1 - r, mine.data(), mine.size()}}, {{1 - r, got[r].data(), 4}});
+    if (r == 0) started0 = true;
+    comm.finish_exchange();
+  });
+  EXPECT_TRUE(rank1_saw_start);
+  EXPECT_EQ(got[0], std::vector<float>(4, 2.f));
+  EXPECT_EQ(got[1], std::vector<float>(4, 1.f));
 }
 
 TEST(LocalCommMemoryOps, SplitCommsKeepTheCopy) {

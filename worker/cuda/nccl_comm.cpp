@@ -176,7 +176,7 @@ void NcclComm::allreduce_sum_host(double* data, size_t count) {
   }
 }
 
-void NcclComm::exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
+void NcclComm::start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) {
   s_->enter();
   for (const SendMsg& m : sends)
     if (m.peer < 0 || m.peer >= s_->size) throw std::invalid_argument("NcclComm::exchange: bad send peer");
@@ -195,8 +195,14 @@ void NcclComm::exchange(const std::vector<SendMsg>& sends, const std::vector<Rec
   const ncclResult_t end = ncclGroupEnd();  // always closed, also after a failed post
   NCCL_CHECK(first);
   NCCL_CHECK(end);
+}
+
+// The messages move on the comm's own stream: compute queued meanwhile runs beside them.
+void NcclComm::finish_exchange() {
+  s_->enter();
   s_->wait();
 }
+
 
 void NcclComm::broadcast_host(void* data, size_t bytes, int root) {
   s_->enter();

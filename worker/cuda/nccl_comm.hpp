@@ -36,7 +36,8 @@ class NcclComm : public Comm {
   int size() const override;
   void allreduce_sum_host(double* data, size_t count) override;
   void allreduce_sum(float* data, size_t count) override;
-  void exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void start_exchange(const std::vector<SendMsg>& sends, const std::vector<RecvMsg>& recvs) override;
+  void finish_exchange() override;
   void broadcast_host(void* data, size_t bytes, int root) override;
   void barrier() override;
   // Over MPI: MPI_Comm_split then a new NCCL communicator; without MPI: ncclCommSplit
