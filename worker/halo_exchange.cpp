@@ -13,6 +13,10 @@ HaloExchange::HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& wor
   needed_ = plan.needed_input(layer, rank);
 }
 
+bool HaloExchange::no_column_phase() const {
+  return plan_.sends(layer_, rank_, HaloPhase::Cols).empty() && plan_.receives(layer_, rank_, HaloPhase::Cols).empty();
+}
+
 Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
   Tensor ext = start_gather(x, what);
   finish_gather(ext);
@@ -41,10 +45,19 @@ Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what
 }
 
 Tensor HaloExchange::scatter_add(Tensor&& grad_ext, const std::string& what) {
+  start_scatter(grad_ext);
+  return finish_scatter(std::move(grad_ext), what);
+}
+
+void HaloExchange::start_scatter(Tensor& grad_ext) {
   // The adjoint runs the phases in reverse, accumulating into the extended gradient.
+  run_phase(HaloPhase::Cols, grad_ext, Direction::Backward);
+  start_phase(HaloPhase::Rows, grad_ext, Direction::Backward);
+}
+
+Tensor HaloExchange::finish_scatter(Tensor&& grad_ext, const std::string& what) {
   Tensor work = std::move(grad_ext);
-  run_phase(HaloPhase::Cols, work, Direction::Backward);
-  run_phase(HaloPhase::Rows, work, Direction::Backward);
+  finish_phase(work);
   Tensor dx(backend_.allocator(), work.n(), work.c(), owned_.rows.size(), owned_.cols.size(), what);
   backend_.pack_rect(work.data(), work.n(), work.c(), work.h(), work.w(),
                      owned_.rows.lo - needed_.rows.lo, owned_.cols.lo - needed_.cols.lo,

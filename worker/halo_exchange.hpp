@@ -29,10 +29,19 @@ class HaloExchange {
   // True when the column phase receives nothing: after start_gather, every cell of the
   // owned rows that a window can read is in place.
   bool owned_rows_complete() const { return needed_.cols == owned_.cols; }
+  // True when the column phase moves nothing to or from this rank: the backward's column
+  // phase then leaves the owned cells alone too.
+  bool no_column_phase() const;
   // grad of the extended input -> grad of the owned input (received cells added to owners).
   Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
   // The same, accumulating in grad_ext's own memory instead of a copy of it.
   Tensor scatter_add(Tensor&& grad_ext, const std::string& what);
+  // scatter_add(Tensor&&) in two halves: start_scatter runs the column phase and posts the
+  // row halo's gradients (grad_ext's rows outside the owned rows, which must be final);
+  // finish_scatter adds what the neighbours send into the owned border rows and returns
+  // the owned gradient. Between them the caller may finish the owned rows of grad_ext.
+  void start_scatter(Tensor& grad_ext);
+  Tensor finish_scatter(Tensor&& grad_ext, const std::string& what);
   // The same without a copy, when in_place(): sends x's border to the neighbours that read
   // it; adds their gradients of it into grad.
   void gather_in_place(const Tensor& x);

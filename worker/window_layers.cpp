@@ -173,12 +173,24 @@ class Conv2DLayer : public WindowedLayer {
     k.backward_weights(in.data(), dy.data(), weight_grad(kernel_name_), weight_grad("bias:0"));
     ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
-    if (need_dx) {
-      Tensor dext = make_dext(x);
-      k.backward_data(dy.data(), weight(kernel_name_), dext.data());
-      dx = finish_dx(std::move(dext));
+    if (!need_dx) return dx;
+    Tensor dext = make_dext(x);
+    const float* w = weight(kernel_name_);
+    // The gradient of the halo rows first: it goes to the neighbours while the owned rows'
+    // is computed (same allocations as finish_dx: the memory model does not change). Not
+    // where a column phase would add into owned cells before they are computed.
+    const int own_lo = halo_.owned().rows.lo - halo_.needed().rows.lo, own_hi = own_lo + halo_.owned().rows.size();
+    const int rows = dext.h();
+    if (!halo_.in_place() && halo_.no_column_phase() && k.can_backward_data_rows(own_lo, own_hi) &&
+        (own_lo == 0 || k.can_backward_data_rows(0, own_lo)) && (own_hi == rows || k.can_backward_data_rows(own_hi, rows))) {
+      if (own_lo > 0) k.backward_data_rows(dy.data(), w, dext.data(), 0, own_lo);
+      if (own_hi < rows) k.backward_data_rows(dy.data(), w, dext.data(), own_hi, rows);
+      halo_.start_scatter(dext);
+      k.backward_data_rows(dy.data(), w, dext.data(), own_lo, own_hi);
+      return halo_.finish_scatter(std::move(dext), "input gradient of " + label());
     }
-    return dx;
+    k.backward_data(dy.data(), w, dext.data());
+    return finish_dx(std::move(dext));
   }
 
   bool depthwise_;

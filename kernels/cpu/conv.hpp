@@ -74,15 +74,19 @@ class DnnlConv2d {
 
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
-  // forward() for output rows [row_lo, row_hi) from the same x and into the same y: a conv
-  // of just the input rows they read, through strided views (one primitive per row range,
-  // cached). can_forward_rows() says where it runs: not with one input channel on a
-  // vectorising CPU (forward runs the loops there), not where a padding reaches past the
-  // window (oneDNN computes such rows another way), and not where the part would ask for
-  // more scratch than forward() (which is what the memory model reserves). Where it runs,
-  // its results are forward()'s to the bit (tests/unit/kernels_dnnl_test.cpp).
+  // forward() for output rows [row_lo, row_hi), and backward_data() for input-gradient
+  // rows [row_lo, row_hi), from the same tensors and into the same one: a conv of just the
+  // rows involved, through strided views (one primitive per row range, cached), so that a
+  // sharded conv computes what needs no halo while the halo is in flight. can_*_rows() say
+  // where they run: only where the part runs the whole conv's oneDNN kernel on the same
+  // layouts, within the whole pass's scratch (what the memory model reserves); not with one
+  // input channel on a vectorising CPU (forward runs the loops there), nor where a padding
+  // reaches past the window. Where they run, results are the whole pass's to the bit
+  // (tests/unit/kernels_dnnl_test.cpp).
   bool can_forward_rows(int row_lo, int row_hi);
   void forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi);
+  bool can_backward_data_rows(int row_lo, int row_hi);
+  void backward_data_rows(const float* dy, const float* w, float* dx, int row_lo, int row_hi);
   void backward_data(const float* dy, const float* w, float* dx);
   void backward_weights(const float* x, const float* dy, float* dw, float* dbias);
 
@@ -94,7 +98,8 @@ class DnnlConv2d {
   struct RowPart;
   // A part of a larger conv: its tensors' planes are `x_plane` and `y_plane` floats apart.
   DnnlConv2d(const ConvGeom& g, ScratchArena* arena, int64_t x_plane, int64_t y_plane);
-  RowPart& row_part(int row_lo, int row_hi);
+  RowPart* row_part(unsigned pass, int row_lo, int row_hi);  // null where it cannot run
+  bool can_run_rows(unsigned pass, int row_lo, int row_hi);
   ConvGeom g_;
   std::unique_ptr<Impl> impl_;
   std::vector<std::unique_ptr<RowPart>> parts_;

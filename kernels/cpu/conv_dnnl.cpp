@@ -122,6 +122,7 @@ struct DnnlConv2d::Impl {
     dnnl::convolution_backward_data prim;
     Port dy, w, dx;
     size_t pad = 0;
+    std::string impl;
   };
   struct BwdWeights {
     dnnl::convolution_backward_weights prim;
@@ -240,7 +241,7 @@ struct DnnlConv2d::Impl {
       if (!made) made = make(false);
       const auto& pd = *made;
       bwd_data.emplace(BwdData{
-          dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
+          dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size(), pd.impl_info_str()});
       bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false);
       bwd_data->w.init(eng, w_md, pd.weights_desc(), false);
       bwd_data->dx.init(eng, x_md, pd.diff_src_desc(), true);
@@ -294,58 +295,97 @@ bool same_blocks(const memory::desc& a, const memory::desc& b) {
 }
 }  // namespace
 
-// Output rows [lo, hi) of the whole conv: the conv of input rows [in_row, in_row + its
-// hin), with the whole conv's padding where those rows reach past the image.
+// A part of the whole conv: input rows [x_row, x_row + its hin) against output rows
+// [y_row, y_row + its hout), with the whole conv's padding where they reach past the image.
 struct DnnlConv2d::RowPart {
-  int lo, hi, in_row;
+  unsigned pass;  // kConvForward or kConvBackwardData
+  int lo, hi;     // the rows it computes: of y (forward) or of dx (backward data)
+  int x_row, y_row;
   std::unique_ptr<DnnlConv2d> conv;
-  bool fits;  // its scratch, slot by slot, within forward()'s
+  bool fits;  // computes as the whole conv does (same kernel and layouts) within its scratch
 };
 
-DnnlConv2d::RowPart& DnnlConv2d::row_part(int lo, int hi) {
+DnnlConv2d::RowPart* DnnlConv2d::row_part(unsigned pass, int lo, int hi) {
   for (auto& p : parts_)
-    if (p->lo == lo && p->hi == hi) return *p;
+    if (p->pass == pass && p->lo == lo && p->hi == hi) return p->fits ? p.get() : nullptr;
   const ConvGeom& g = g_;
-  const int span = (g.kh - 1) * g.dil_h + 1;
-  const int first = lo * g.stride_h - g.pad_top, last = (hi - 1) * g.stride_h - g.pad_top + span;  // [first, last)
+  const int span = (g.kh - 1) * g.dil_h + 1, st = g.stride_h;
   ConvGeom s = g;
-  const int in_lo = std::max(first, 0), in_hi = std::min(last, g.hin);
-  s.hin = in_hi - in_lo;
-  s.pad_top = in_lo - first;
-  s.pad_bottom = last - in_hi;
-  auto conv = std::unique_ptr<DnnlConv2d>(
-      new DnnlConv2d(s, impl_->arena, int64_t(g.hin) * g.win, int64_t(g.hout()) * g.wout()));
-  if (s.hout() != hi - lo) throw std::logic_error("DnnlConv2d::forward_rows: row part of the wrong height");
-  // The part must compute as forward() does (the same oneDNN kernel, so the same sums in
-  // the same order) and within forward()'s scratch.
-  const ConvScratch mine = scratch_need(kConvForward), its = conv->scratch_need(kConvForward);
-  bool fits = true;
-  for (int i = 0; i < kScratchSlots; ++i) fits &= its.slot[i] <= mine.slot[i];
-  for (bool bias : {false, true}) {
-    const auto &a = impl_->get_fwd(bias), &b = conv->impl_->get_fwd(bias);
-    fits &= a.impl == b.impl && a.w.prim == b.w.prim && same_blocks(a.x.prim, b.x.prim) && same_blocks(a.y.prim, b.y.prim);
+  int x_row = 0, y_row = 0;
+  bool ok = true;
+  if (pass == kConvForward) {
+    // Output rows [lo, hi) read input rows [first, last), padding outside the image.
+    const int first = lo * st - g.pad_top, last = (hi - 1) * st - g.pad_top + span;
+    x_row = std::max(first, 0);
+    s.hin = std::min(last, g.hin) - x_row;
+    s.pad_top = x_row - first;
+    s.pad_bottom = last - (x_row + s.hin);
+    y_row = lo;
+  } else {
+    // Input rows [lo, hi) are read by output rows [i0, i1]: the windows that reach them.
+    auto ceil_div = [](int a, int b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };
+    const int i0 = std::max(0, ceil_div(lo + g.pad_top - span + 1, st));
+    const int i1 = std::min(g.hout() - 1, (hi - 1 + g.pad_top) / st);
+    x_row = lo;
+    y_row = i0;
+    s.hin = hi - lo;
+    s.pad_top = g.pad_top + lo - i0 * st;
+    s.pad_bottom = (i1 - i0) * st + span - s.hin - s.pad_top;  // the least that makes i1 - i0 + 1 rows
+    ok = i0 <= i1 && s.pad_top >= 0 && s.pad_bottom >= 0;  // else rows no window reads: the whole conv only
   }
-  parts_.push_back(std::make_unique<RowPart>(RowPart{lo, hi, in_lo, std::move(conv), fits}));
-  return *parts_.back();
+  std::unique_ptr<DnnlConv2d> conv;
+  if (ok) {
+    conv.reset(new DnnlConv2d(s, impl_->arena, int64_t(g.hin) * g.win, int64_t(g.hout()) * g.wout()));
+    const ConvScratch mine = scratch_need(pass), its = conv->scratch_need(pass);
+    for (int i = 0; i < kScratchSlots; ++i) ok &= its.slot[i] <= mine.slot[i];
+    Impl &a = *impl_, &b = *conv->impl_;
+    if (pass == kConvForward) {
+      for (bool bias : {false, true}) {
+        const auto &fa = a.get_fwd(bias), &fb = b.get_fwd(bias);
+        ok &= fa.impl == fb.impl && fa.w.prim == fb.w.prim && same_blocks(fa.x.prim, fb.x.prim) &&
+              same_blocks(fa.y.prim, fb.y.prim);
+      }
+    } else {
+      const auto &da = a.get_bwd_data(), &db = b.get_bwd_data();
+      ok &= da.impl == db.impl && da.w.prim == db.w.prim && same_blocks(da.dy.prim, db.dy.prim) &&
+            same_blocks(da.dx.prim, db.dx.prim);
+    }
+  }
+  parts_.push_back(std::make_unique<RowPart>(RowPart{pass, lo, hi, x_row, y_row, std::move(conv), ok}));
+  return ok ? parts_.back().get() : nullptr;
 }
 
-bool DnnlConv2d::can_forward_rows(int lo, int hi) {
+bool DnnlConv2d::can_run_rows(unsigned pass, int lo, int hi) {
   const ConvGeom& g = g_;
   const int span = (g.kh - 1) * g.dil_h + 1;
-  if (g.cin == 1 && conv_loops_vectorised()) return false;
+  const int rows = pass == kConvForward ? g.hout() : g.hin;
+  if (pass == kConvForward && g.cin == 1 && conv_loops_vectorised()) return false;
   if (g.pad_top >= span || g.pad_bottom >= span) return false;
-  if (lo < 0 || hi > g.hout() || lo >= hi) return false;
-  if (lo == 0 && hi == g.hout()) return true;
-  return row_part(lo, hi).fits;
+  if (lo < 0 || hi > rows || lo >= hi) return false;
+  if (lo == 0 && hi == rows) return true;
+  return row_part(pass, lo, hi) != nullptr;
+}
+
+bool DnnlConv2d::can_forward_rows(int row_lo, int row_hi) { return can_run_rows(kConvForward, row_lo, row_hi); }
+bool DnnlConv2d::can_backward_data_rows(int row_lo, int row_hi) {
+  return can_run_rows(kConvBackwardData, row_lo, row_hi);
 }
 
 void DnnlConv2d::forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi) {
-  if (!can_forward_rows(row_lo, row_hi))
-    throw std::invalid_argument("DnnlConv2d::forward_rows: not for these rows");
+  if (!can_forward_rows(row_lo, row_hi)) throw std::invalid_argument("DnnlConv2d::forward_rows: not for these rows");
   if (row_lo == 0 && row_hi == g_.hout()) return forward(x, w, bias, y);
-  RowPart& p = row_part(row_lo, row_hi);
-  p.conv->forward(x + size_t(p.in_row) * g_.win, w, bias, y + size_t(row_lo) * g_.wout());
+  const RowPart& p = *row_part(kConvForward, row_lo, row_hi);
+  p.conv->forward(x + size_t(p.x_row) * g_.win, w, bias, y + size_t(p.y_row) * g_.wout());
 }
+
+void DnnlConv2d::backward_data_rows(const float* dy, const float* w, float* dx, int row_lo, int row_hi) {
+  if (!can_backward_data_rows(row_lo, row_hi))
+    throw std::invalid_argument("DnnlConv2d::backward_data_rows: not for these rows");
+  if (row_lo == 0 && row_hi == g_.hin) return backward_data(dy, w, dx);
+  const RowPart& p = *row_part(kConvBackwardData, row_lo, row_hi);
+  p.conv->backward_data(dy + size_t(p.y_row) * g_.wout(), w, dx + size_t(p.x_row) * g_.win);
+}
+
 DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;

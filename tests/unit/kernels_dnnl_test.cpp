@@ -201,57 +201,71 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
   omp_set_num_threads(saved);
 }
 
-// forward_rows: every split of the output rows into three parts that can_forward_rows
-// allows gives forward()'s y to the bit (a sharded conv computes its interior rows early,
-// then the rows beside its halo), and asks the arena for no more than
-// dnnl_conv_scratch(forward), which the memory model reserves.
-TEST(DnnlConv2d, ForwardRowsAreForwardToTheBitWithinItsScratch) {
+// forward_rows and backward_data_rows: every split of the rows into three parts that
+// can_*_rows allows gives the whole pass's result to the bit (a sharded conv computes what
+// needs no halo while the halo is in flight, the rest after), and asks the arena for no
+// more than dnnl_conv_scratch of that pass, which the memory model reserves.
+TEST(DnnlConv2d, RowPartsAreTheWholePassToTheBitWithinItsScratch) {
   std::mt19937_64 rng(31);
   const int saved = omp_get_max_threads();
-  int checked = 0;
+  int checked[2] = {0, 0};
   for (const ConvGeom& g : dnnl_geoms()) {
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
-      RecordingArena whole, parts;
-      DnnlConv2d full(g, &whole), split(g, &parts);
-      const int H = g.hout(), span = (g.kh - 1) * g.dil_h + 1;
-      if (!split.can_forward_rows(0, H)) {
-        // Only the one-channel loops and paddings past the window compute whole outputs only.
-        EXPECT_TRUE(g.cin == 1 || g.pad_top >= span || g.pad_bottom >= span) << str(g);
-        continue;
-      }
-      VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
-           b = to_float(random_vec(size_t(g.cout), rng));
-      VecF y(g.y_size(), 7.f);
-      full.forward(x.data(), w.data(), b.data(), y.data());
-      for (int a = 0; a <= H; ++a) {
-        for (int c = a; c <= H; c += std::max(1, H / 4)) {
-          const std::pair<int, int> parts3[] = {{a, c}, {0, a}, {c, H}};
-          bool runs = true;
-          for (auto [lo, hi] : parts3) runs &= lo == hi || split.can_forward_rows(lo, hi);
-          if (!runs) continue;
-          VecF yp(g.y_size(), -3.f);
-          for (auto [lo, hi] : parts3)
-            if (lo < hi) split.forward_rows(x.data(), w.data(), b.data(), yp.data(), lo, hi);
-          ASSERT_EQ(0, std::memcmp(yp.data(), y.data(), y.size() * sizeof(float)))
-              << str(g) << " rows [0," << a << ") [" << a << "," << c << ") [" << c << "," << H << "), threads "
-              << threads;
-          ++checked;
+      const int span = (g.kh - 1) * g.dil_h + 1;
+      const VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
+                 b = to_float(random_vec(size_t(g.cout), rng)), dy = to_float(random_vec(g.y_size(), rng));
+      for (const unsigned pass : {unsigned(kConvForward), unsigned(kConvBackwardData)}) {
+        const bool fwd = pass == kConvForward;
+        RecordingArena whole_arena, parts_arena;
+        DnnlConv2d whole(g, &whole_arena), split(g, &parts_arena);
+        const int H = fwd ? g.hout() : g.hin;
+        auto can = [&](int lo, int hi) { return fwd ? split.can_forward_rows(lo, hi) : split.can_backward_data_rows(lo, hi); };
+        auto run = [&](float* out, int lo, int hi) {
+          if (fwd)
+            split.forward_rows(x.data(), w.data(), b.data(), out, lo, hi);
+          else
+            split.backward_data_rows(dy.data(), w.data(), out, lo, hi);
+        };
+        if (!can(0, H)) {
+          // Only the one-channel forward loops and paddings past the window run whole passes only.
+          EXPECT_TRUE((fwd && g.cin == 1) || g.pad_top >= span || g.pad_bottom >= span) << str(g);
+          continue;
         }
+        VecF ref(fwd ? g.y_size() : g.x_size(), 7.f);
+        if (fwd)
+          whole.forward(x.data(), w.data(), b.data(), ref.data());
+        else
+          whole.backward_data(dy.data(), w.data(), ref.data());
+        for (int a = 0; a <= H; ++a) {
+          for (int c = a; c <= H; c += std::max(1, H / 4)) {
+            const std::pair<int, int> parts3[] = {{a, c}, {0, a}, {c, H}};
+            bool runs = true;
+            for (auto [lo, hi] : parts3) runs &= lo == hi || can(lo, hi);
+            if (!runs) continue;
+            VecF out(ref.size(), -3.f);
+            for (auto [lo, hi] : parts3)
+              if (lo < hi) run(out.data(), lo, hi);
+            ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)))
+                << (fwd ? "forward " : "backward data ") << str(g) << " rows [0," << a << ") [" << a << "," << c
+                << ") [" << c << "," << H << "), threads " << threads;
+            ++checked[!fwd];
+          }
+        }
+        const ConvScratch need = dnnl_conv_scratch(g, pass, threads);
+        for (int s = 0; s < kScratchSlots; ++s)
+          EXPECT_LE(parts_arena.asked.slot[s], need.slot[s]) << "slot " << s << ", " << str(g) << ", pass " << pass;
+        // The common case, a 3x3 'same' conv of 16 channels, runs its interior and border rows apart.
+        if (g.cin == 16 && g.cout == 16 && g.kh == 3 && g.stride_h == 1 && g.dil_h == 1 && g.groups == 1)
+          EXPECT_TRUE(can(1, H - 1) && can(0, 1) && can(H - 1, H)) << str(g) << ", pass " << pass;
       }
-      const ConvScratch need = dnnl_conv_scratch(g, kConvForward, threads);
-      for (int s = 0; s < kScratchSlots; ++s)
-        EXPECT_LE(parts.asked.slot[s], need.slot[s]) << "slot " << s << ", " << str(g) << ", threads " << threads;
-      // The common case, a 3x3 'same' conv of 16 channels, runs its interior and its border rows apart.
-      if (g.cin == 16 && g.cout == 16 && g.kh == 3 && g.stride_h == 1 && g.dil_h == 1 && g.groups == 1)
-        EXPECT_TRUE(split.can_forward_rows(1, H - 1) && split.can_forward_rows(0, 1) &&
-                    split.can_forward_rows(H - 1, H))
-            << str(g);
     }
   }
-  EXPECT_GT(checked, 100);
-  EXPECT_THROW(DnnlConv2d(dnnl_geoms()[0]).forward_rows(nullptr, nullptr, nullptr, nullptr, 3, 2),
-               std::invalid_argument);
+  EXPECT_GT(checked[0], 100);
+  EXPECT_GT(checked[1], 100);
+  DnnlConv2d conv(dnnl_geoms()[0]);
+  EXPECT_THROW(conv.forward_rows(nullptr, nullptr, nullptr, nullptr, 3, 2), std::invalid_argument);
+  EXPECT_THROW(conv.backward_data_rows(nullptr, nullptr, nullptr, -1, 2), std::invalid_argument);
   omp_set_num_threads(saved);
 }
 
