@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "orchestrator/conv_geometry.hpp"
-#include "orchestrator/layer_kind.hpp"
 #include "orchestrator/memory_model.hpp"
 
 namespace ht {
@@ -39,14 +38,9 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const StepMemory::LayerSizes& s = z.layers[l];
     const uint64_t ext = m.layers[l].windowed() && !s.in_place ? s.ext : 0;
-    if (m.layers[l].windowed() && m.layers[l].kind().traits.halo_overlap && !s.in_place) {
-      // The output is made while the row halo is in flight (Conv2DLayer::forward_impl).
-      for (uint64_t stage : s.stage) at_peak(live + ext + stage + s.out, ext, stage);
-    } else {
-      if (m.layers[l].windowed())
-        for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
-      at_peak(live + ext + s.inner + s.out, ext + s.inner, 0);  // a separable conv's inner tensor beside it
-    }
+    if (m.layers[l].windowed())
+      for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
+    at_peak(live + ext + s.inner + s.out, ext + s.inner, 0);  // a separable conv's inner tensor beside it
     live += s.out;  // the extended copy goes, and each tensor it read for the last time
     const std::vector<int>& in = m.layers[l].inputs;
     for (size_t k = 0; k < in.size(); ++k)

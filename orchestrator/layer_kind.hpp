@@ -62,8 +62,6 @@ struct LayerTraits {
   WindowUse backward_window = WindowUse::None;
   bool conv_workspace = false;  // CUDA: the cuDNN workspace, and a padded copy of the input
                                 // where a shard's padding is asymmetric
-  bool halo_overlap = false;    // forward posts its row halo, makes its output, computes the
-                                // rows that need no halo, then receives (worker/window_layers.cpp)
   int min_inputs = 1, max_inputs = 1;  // how many layers it reads; max 0: no limit (add)
 };
 

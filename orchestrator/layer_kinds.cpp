@@ -25,7 +25,6 @@ LayerKind conv2d() {
             with_default("dilation", KeyType::Int, int64_t(1)),
             with_default("bias", KeyType::Bool, true)};
   k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
-  k.traits.halo_overlap = true;
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);
@@ -53,7 +52,6 @@ LayerKind depthwise(bool separable) {
                        with_default("bias", KeyType::Bool, true)})
     k.keys.push_back(key);
   k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
-  k.traits.halo_overlap = !separable;
   k.shape = [separable](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);

@@ -231,19 +231,9 @@ class StepReplay {
   void forward(int l) {
     const bool w = windowed(l);
     uint64_t ext = 0;
-    if (w && traits(l).halo_overlap && !at(l).in_place) {
-      // HaloExchange::start_gather, the output, finish_gather (Conv2DLayer::forward_impl).
-      ext = at(l).ext;
-      alloc(kActivations, ext);
-      alloc(kHalo, at(l).stage[int(HaloPhase::Rows)]);
-      alloc(kActivations, act_bytes(l + 1));
-      release(kHalo, at(l).stage[int(HaloPhase::Rows)]);
-      phase(l, HaloPhase::Cols);
-    } else {
-      if (w) ext = gather(l, kActivations);
-      alloc(kTransient, at(l).inner);  // a separable conv's inner tensor, for its forward only
-      alloc(kActivations, act_bytes(l + 1));
-    }
+    if (w) ext = gather(l, kActivations);
+    alloc(kTransient, at(l).inner);  // a separable conv's inner tensor, for its forward only
+    alloc(kActivations, act_bytes(l + 1));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     release(kTransient, at(l).inner);
     if (w && !keeps_ext(l)) release(kActivations, ext);
@@ -310,10 +300,14 @@ class StepReplay {
         release(kTransient, inner);    // the inner gradient, read by the input gradient
         if (!frees_window_first) release(ext_kind, ext);
         phase(l, HaloPhase::Cols);
-        phase(l, HaloPhase::Rows);
         if (!at(l).in_place) {
+          // HaloExchange::scatter_add: the owned gradient is made while the rows' are in flight.
+          alloc(kHalo, at(l).stage[int(HaloPhase::Rows)]);
           alloc(kTransient, at(l).owned_in);
+          release(kHalo, at(l).stage[int(HaloPhase::Rows)]);
           release(kTransient, at(l).ext);
+        } else {
+          phase(l, HaloPhase::Rows);
         }
       } else {
         if (!frees_window_first) release(ext_kind, ext);

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,19 +27,6 @@ class ConvKernel {
  public:
   virtual ~ConvKernel() = default;
   virtual void forward(const float* x, const float* w, const float* bias, float* y) = 0;
-  // forward() for output rows [row_lo, row_hi) only, and backward_data() for input-gradient
-  // rows [row_lo, row_hi) only, from the same tensors: a sharded conv computes what needs
-  // no halo while the halo is in flight. Where a kernel cannot (the result would differ
-  // from the whole pass's, or need more scratch), can_*_rows() say false, and the caller
-  // waits and runs the whole pass.
-  virtual bool can_forward_rows(int /*row_lo*/, int /*row_hi*/) { return false; }
-  virtual void forward_rows(const float*, const float*, const float*, float*, int, int) {
-    throw std::logic_error("this conv kernel computes whole outputs only");
-  }
-  virtual bool can_backward_data_rows(int /*row_lo*/, int /*row_hi*/) { return false; }
-  virtual void backward_data_rows(const float*, const float*, float*, int, int) {
-    throw std::logic_error("this conv kernel computes whole input gradients only");
-  }
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;             // dx =
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;  // dw, db =
 };

@@ -24,14 +24,6 @@ class CpuConv : public ConvKernel {
   void forward(const float* x, const float* w, const float* b, float* y) override {
     conv_.forward(x, w, b, y);
   }
-  bool can_forward_rows(int row_lo, int row_hi) override { return conv_.can_forward_rows(row_lo, row_hi); }
-  void forward_rows(const float* x, const float* w, const float* b, float* y, int row_lo, int row_hi) override {
-    conv_.forward_rows(x, w, b, y, row_lo, row_hi);
-  }
-  bool can_backward_data_rows(int row_lo, int row_hi) override { return conv_.can_backward_data_rows(row_lo, row_hi); }
-  void backward_data_rows(const float* dy, const float* w, float* dx, int row_lo, int row_hi) override {
-    conv_.backward_data_rows(dy, w, dx, row_lo, row_hi);
-  }
   void backward_data(const float* dy, const float* w, float* dx) override {
     conv_.backward_data(dy, w, dx);
   }

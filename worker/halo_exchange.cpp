@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
 #include <utility>
 
 namespace ht {
@@ -13,29 +14,17 @@ HaloExchange::HaloExchange(const ShardPlan& plan, int layer, int rank, Comm& wor
   needed_ = plan.needed_input(layer, rank);
 }
 
-bool HaloExchange::no_column_phase() const {
-  return plan_.sends(layer_, rank_, HaloPhase::Cols).empty() && plan_.receives(layer_, rank_, HaloPhase::Cols).empty();
-}
-
 Tensor HaloExchange::gather(const Tensor& x, const std::string& what) {
-  Tensor ext = start_gather(x, what);
-  finish_gather(ext);
-  return ext;
-}
-
-Tensor HaloExchange::start_gather(const Tensor& x, const std::string& what) {
   Tensor ext(backend_.allocator(), x.n(), x.c(), needed_.rows.size(), needed_.cols.size(), what);
+  // The row halo goes out of x itself, and x's cells move into ext while it is in flight.
+  start_phase(HaloPhase::Rows, x, owned_, Direction::Forward);
   backend_.unpack_rect(x.data(), x.n(), x.c(), ext.h(), ext.w(), owned_.rows.lo - needed_.rows.lo,
                        owned_.cols.lo - needed_.cols.lo, owned_.rows.size(), owned_.cols.size(),
                        ext.data(), ComputeBackend::Unpack::Overwrite);
-  start_phase(HaloPhase::Rows, ext, Direction::Forward);
-  return ext;
-}
-
-void HaloExchange::finish_gather(Tensor& ext) {
+  finish_phase(ext, needed_);
   // Rows first, then columns including the received rows: that covers the corners.
-  finish_phase(ext);
   run_phase(HaloPhase::Cols, ext, Direction::Forward);
+  return ext;
 }
 
 Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what) {
@@ -45,23 +34,16 @@ Tensor HaloExchange::scatter_add(const Tensor& grad_ext, const std::string& what
 }
 
 Tensor HaloExchange::scatter_add(Tensor&& grad_ext, const std::string& what) {
-  start_scatter(grad_ext);
-  return finish_scatter(std::move(grad_ext), what);
-}
-
-void HaloExchange::start_scatter(Tensor& grad_ext) {
-  // The adjoint runs the phases in reverse, accumulating into the extended gradient.
-  run_phase(HaloPhase::Cols, grad_ext, Direction::Backward);
-  start_phase(HaloPhase::Rows, grad_ext, Direction::Backward);
-}
-
-Tensor HaloExchange::finish_scatter(Tensor&& grad_ext, const std::string& what) {
+  // The adjoint runs the phases in reverse, accumulating into the extended gradient; the
+  // row phase's gradients arrive into dx, after the owned part is copied out beside them.
   Tensor work = std::move(grad_ext);
-  finish_phase(work);
+  run_phase(HaloPhase::Cols, work, Direction::Backward);
+  start_phase(HaloPhase::Rows, work, needed_, Direction::Backward);
   Tensor dx(backend_.allocator(), work.n(), work.c(), owned_.rows.size(), owned_.cols.size(), what);
   backend_.pack_rect(work.data(), work.n(), work.c(), work.h(), work.w(),
                      owned_.rows.lo - needed_.rows.lo, owned_.cols.lo - needed_.cols.lo,
                      owned_.rows.size(), owned_.cols.size(), dx.data());
+  finish_phase(dx, owned_);
   return dx;
 }
 
@@ -77,21 +59,21 @@ void HaloExchange::scatter_add_in_place(Tensor& grad) {
 }
 
 void HaloExchange::run_phase(HaloPhase phase, Tensor& ext, Direction direction) {
-  start_phase(phase, ext, direction);
-  finish_phase(ext);
+  start_phase(phase, ext, needed_, direction);
+  finish_phase(ext, needed_);
 }
 
-void HaloExchange::start_phase(HaloPhase phase, const Tensor& ext, Direction direction) {
+void HaloExchange::start_phase(HaloPhase phase, const Tensor& from, const Rect& frame, Direction direction) {
   if (pending_.active) throw std::logic_error("HaloExchange: a phase started before the last one finished");
   const bool backward = direction == Direction::Backward;
-  // Forward: pack what peers receive from us out of `ext`, unpack what we receive into it.
-  // Backward: the same regions with the roles swapped, and unpacking adds.
+  // Forward: pack what peers receive from us, unpack what we receive. Backward: the same
+  // regions with the roles swapped, and unpacking adds.
   const auto incoming = plan_.receives(layer_, rank_, phase);
   const auto outgoing = plan_.sends(layer_, rank_, phase);
   const auto& to_pack = backward ? incoming : outgoing;
   const auto& to_unpack = backward ? outgoing : incoming;
   if (to_pack.empty() && to_unpack.empty()) return;
-  const int n = ext.n(), c = ext.c();
+  const int n = from.n(), c = from.c();
   auto volume = [&](const HaloRegion& r) { return size_t(n) * c * size_t(r.rect.area()); };
   size_t send_total = 0, recv_total = 0;
   for (const auto& r : to_pack) send_total += volume(r);
@@ -107,8 +89,8 @@ void HaloExchange::start_phase(HaloPhase phase, const Tensor& ext, Direction dir
   size_t offset = 0;
   for (const auto& r : to_pack) {
     float* dst = p.send_buf.data() + offset;
-    backend_.pack_rect(ext.data(), n, c, ext.h(), ext.w(), r.rect.rows.lo - needed_.rows.lo,
-                       r.rect.cols.lo - needed_.cols.lo, r.rect.rows.size(), r.rect.cols.size(), dst);
+    backend_.pack_rect(from.data(), n, c, from.h(), from.w(), r.rect.rows.lo - frame.rows.lo,
+                       r.rect.cols.lo - frame.cols.lo, r.rect.rows.size(), r.rect.cols.size(), dst);
     sends.push_back({r.peer, dst, volume(r)});
     offset += volume(r);
   }
@@ -122,17 +104,16 @@ void HaloExchange::start_phase(HaloPhase phase, const Tensor& ext, Direction dir
   world_.start_exchange(sends, recvs);
 }
 
-void HaloExchange::finish_phase(Tensor& ext) {
+void HaloExchange::finish_phase(Tensor& into, const Rect& frame) {
   Pending& p = pending_;
   if (!p.active) return;
   p.active = false;
   world_.finish_exchange();
-  const int n = ext.n(), c = ext.c();
+  const int n = into.n(), c = into.c();
   size_t offset = 0;
   for (const auto& r : p.to_unpack) {
-    backend_.unpack_rect(p.recv_buf.data() + offset, n, c, ext.h(), ext.w(),
-                         r.rect.rows.lo - needed_.rows.lo, r.rect.cols.lo - needed_.cols.lo,
-                         r.rect.rows.size(), r.rect.cols.size(), ext.data(),
+    backend_.unpack_rect(p.recv_buf.data() + offset, n, c, into.h(), into.w(), r.rect.rows.lo - frame.rows.lo,
+                         r.rect.cols.lo - frame.cols.lo, r.rect.rows.size(), r.rect.cols.size(), into.data(),
                          p.direction == Direction::Backward ? ComputeBackend::Unpack::Accumulate
                                                             : ComputeBackend::Unpack::Overwrite);
     offset += size_t(n) * c * size_t(r.rect.area());

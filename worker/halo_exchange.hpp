@@ -1,6 +1,8 @@
 // Halo exchange for one layer and one rank, driven only by the ShardPlan: forward gathers
 // the rows/cols a windowed layer reads from its neighbours; backward is the adjoint,
 // sending the gradient of every received cell back to its owner and adding it there.
+// The row phase's messages are in flight while the copy that sharding needs anyway runs
+// (x into the extended tensor; the owned part of the extended gradient out of it).
 #pragma once
 
 #include "orchestrator/shard_plan.hpp"
@@ -21,27 +23,10 @@ class HaloExchange {
 
   // x: [n, c, owned rows, owned cols] -> [n, c, needed rows, needed cols].
   Tensor gather(const Tensor& x, const std::string& what);
-  // gather() in two halves: start_gather returns the extended tensor with x's cells in
-  // place and the row halo posted; finish_gather receives it, then runs the column phase.
-  // Between them the caller may compute whatever reads only x's own cells.
-  Tensor start_gather(const Tensor& x, const std::string& what);
-  void finish_gather(Tensor& ext);
-  // True when the column phase receives nothing: after start_gather, every cell of the
-  // owned rows that a window can read is in place.
-  bool owned_rows_complete() const { return needed_.cols == owned_.cols; }
-  // True when the column phase moves nothing to or from this rank: the backward's column
-  // phase then leaves the owned cells alone too.
-  bool no_column_phase() const;
   // grad of the extended input -> grad of the owned input (received cells added to owners).
   Tensor scatter_add(const Tensor& grad_ext, const std::string& what);
   // The same, accumulating in grad_ext's own memory instead of a copy of it.
   Tensor scatter_add(Tensor&& grad_ext, const std::string& what);
-  // scatter_add(Tensor&&) in two halves: start_scatter runs the column phase and posts the
-  // row halo's gradients (grad_ext's rows outside the owned rows, which must be final);
-  // finish_scatter adds what the neighbours send into the owned border rows and returns
-  // the owned gradient. Between them the caller may finish the owned rows of grad_ext.
-  void start_scatter(Tensor& grad_ext);
-  Tensor finish_scatter(Tensor&& grad_ext, const std::string& what);
   // The same without a copy, when in_place(): sends x's border to the neighbours that read
   // it; adds their gradients of it into grad.
   void gather_in_place(const Tensor& x);
@@ -52,24 +37,25 @@ class HaloExchange {
   // adjoint, sends the halo's gradients back and adds them into the owned border.
   enum class Direction { Forward, Backward };
   void run_phase(HaloPhase phase, Tensor& ext, Direction direction);
-  // run_phase in two halves: packs and posts; then waits and unpacks into the same `ext`.
-  void start_phase(HaloPhase phase, const Tensor& ext, Direction direction);
-  void finish_phase(Tensor& ext);
+  // run_phase in two halves around other work: start_phase packs from `from` (whose cell
+  // (0, 0) is image cell from_frame.lo) and posts; finish_phase waits and unpacks into
+  // `into`, framed the same way. The buffers live in between.
+  void start_phase(HaloPhase phase, const Tensor& from, const Rect& from_frame, Direction direction);
+  void finish_phase(Tensor& into, const Rect& into_frame);
 
-  // The phase started and not yet finished.
   struct Pending {
     Tensor send_buf, recv_buf;
     std::vector<HaloRegion> to_unpack;
     Direction direction = Direction::Forward;
     bool active = false;
   };
-  Pending pending_;
 
   const ShardPlan& plan_;
   int layer_, rank_;
   Comm& world_;
   ComputeBackend& backend_;
   Rect owned_, needed_;
+  Pending pending_;  // the phase started and not yet finished
 };
 
 }  // namespace ht

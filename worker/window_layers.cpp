@@ -5,8 +5,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <utility>
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
@@ -125,45 +123,12 @@ class Conv2DLayer : public WindowedLayer {
       throw std::logic_error(fmt::format("{}: kernel output {}x{} != planned {}x{}", label(), g.hout(),
                                          g.wout(), y.h(), y.w()));
   }
-  // The output rows that read no halo row: [lo, hi) of g (the extended input's conv).
-  std::pair<int, int> interior_rows(const ConvGeom& g) const {
-    const int own_lo = halo_.owned().rows.lo - halo_.needed().rows.lo, own_hi = own_lo + halo_.owned().rows.size();
-    const int span = (g.kh - 1) * g.dil_h;  // output row i reads rows i*stride - pad_top + [0, span]
-    auto ceil_div = [](int a, int b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };
-    auto floor_div = [](int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); };
-    const int lo = own_lo == 0 ? 0 : ceil_div(own_lo + g.pad_top, g.stride_h);
-    const int hi = own_hi == g.hin ? g.hout() : floor_div(own_hi - 1 + g.pad_top - span, g.stride_h) + 1;
-    return {std::clamp(lo, 0, g.hout()), std::clamp(hi, 0, g.hout())};
-  }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
-    if (halo_.in_place()) {
-      const Tensor& in = gather(x);
-      const ConvGeom g = geom(in);
-      Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
-      check_output(g, y);
-      kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
-      return y;
-    }
-    // The row halo moves while the rows that need none are computed (the memory model's
-    // forward follows this order: LayerTraits::halo_overlap).
-    ext_ = halo_.start_gather(x, "halo-extended input of " + label());
-    const ConvGeom g = geom(ext_);
+    const Tensor& in = gather(x);
+    const ConvGeom g = geom(in);
     Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     check_output(g, y);
-    ConvKernel& k = kernel(g);
-    const float *w = weight(kernel_name_), *b = weight("bias:0");
-    const auto [lo, hi] = interior_rows(g);
-    const int H = g.hout();
-    if (halo_.owned_rows_complete() && lo < hi && k.can_forward_rows(lo, hi) && (lo == 0 || k.can_forward_rows(0, lo)) &&
-        (hi == H || k.can_forward_rows(hi, H))) {
-      k.forward_rows(ext_.data(), w, b, y.data(), lo, hi);
-      halo_.finish_gather(ext_);
-      if (lo > 0) k.forward_rows(ext_.data(), w, b, y.data(), 0, lo);
-      if (hi < H) k.forward_rows(ext_.data(), w, b, y.data(), hi, H);
-    } else {
-      halo_.finish_gather(ext_);
-      k.forward(ext_.data(), w, b, y.data());
-    }
+    kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
     if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
@@ -173,24 +138,12 @@ class Conv2DLayer : public WindowedLayer {
     k.backward_weights(in.data(), dy.data(), weight_grad(kernel_name_), weight_grad("bias:0"));
     ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
-    if (!need_dx) return dx;
-    Tensor dext = make_dext(x);
-    const float* w = weight(kernel_name_);
-    // The gradient of the halo rows first: it goes to the neighbours while the owned rows'
-    // is computed (same allocations as finish_dx: the memory model does not change). Not
-    // where a column phase would add into owned cells before they are computed.
-    const int own_lo = halo_.owned().rows.lo - halo_.needed().rows.lo, own_hi = own_lo + halo_.owned().rows.size();
-    const int rows = dext.h();
-    if (!halo_.in_place() && halo_.no_column_phase() && k.can_backward_data_rows(own_lo, own_hi) &&
-        (own_lo == 0 || k.can_backward_data_rows(0, own_lo)) && (own_hi == rows || k.can_backward_data_rows(own_hi, rows))) {
-      if (own_lo > 0) k.backward_data_rows(dy.data(), w, dext.data(), 0, own_lo);
-      if (own_hi < rows) k.backward_data_rows(dy.data(), w, dext.data(), own_hi, rows);
-      halo_.start_scatter(dext);
-      k.backward_data_rows(dy.data(), w, dext.data(), own_lo, own_hi);
-      return halo_.finish_scatter(std::move(dext), "input gradient of " + label());
+    if (need_dx) {
+      Tensor dext = make_dext(x);
+      k.backward_data(dy.data(), weight(kernel_name_), dext.data());
+      dx = finish_dx(std::move(dext));
     }
-    k.backward_data(dy.data(), w, dext.data());
-    return finish_dx(std::move(dext));
+    return dx;
   }
 
   bool depthwise_;

@@ -2,11 +2,9 @@
 // the numerical reference) and a oneDNN float path with cached primitives.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
-#include <cstdint>
+#include <algorithm>
 #include <memory>
-#include <vector>
 
 #include "kernels/geometry.hpp"
 
@@ -74,19 +72,6 @@ class DnnlConv2d {
 
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
-  // forward() for output rows [row_lo, row_hi), and backward_data() for input-gradient
-  // rows [row_lo, row_hi), from the same tensors and into the same one: a conv of just the
-  // rows involved, through strided views (one primitive per row range, cached), so that a
-  // sharded conv computes what needs no halo while the halo is in flight. can_*_rows() say
-  // where they run: only where the part runs the whole conv's oneDNN kernel on the same
-  // layouts, within the whole pass's scratch (what the memory model reserves); not with one
-  // input channel on a vectorising CPU (forward runs the loops there), nor where a padding
-  // reaches past the window. Where they run, results are the whole pass's to the bit
-  // (tests/unit/kernels_dnnl_test.cpp).
-  bool can_forward_rows(int row_lo, int row_hi);
-  void forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi);
-  bool can_backward_data_rows(int row_lo, int row_hi);
-  void backward_data_rows(const float* dy, const float* w, float* dx, int row_lo, int row_hi);
   void backward_data(const float* dy, const float* w, float* dx);
   void backward_weights(const float* x, const float* dy, float* dw, float* dbias);
 
@@ -95,14 +80,8 @@ class DnnlConv2d {
 
  private:
   struct Impl;
-  struct RowPart;
-  // A part of a larger conv: its tensors' planes are `x_plane` and `y_plane` floats apart.
-  DnnlConv2d(const ConvGeom& g, ScratchArena* arena, int64_t x_plane, int64_t y_plane);
-  RowPart* row_part(unsigned pass, int row_lo, int row_hi);  // null where it cannot run
-  bool can_run_rows(unsigned pass, int row_lo, int row_hi);
   ConvGeom g_;
   std::unique_ptr<Impl> impl_;
-  std::vector<std::unique_ptr<RowPart>> parts_;
 };
 
 }  // namespace ht::cpu

@@ -116,13 +116,11 @@ struct DnnlConv2d::Impl {
     dnnl::convolution_forward prim;
     Port x, w, y;
     size_t pad = 0;
-    std::string impl;  // oneDNN's implementation and the layouts it computes in
   };
   struct BwdData {
     dnnl::convolution_backward_data prim;
     Port dy, w, dx;
     size_t pad = 0;
-    std::string impl;
   };
   struct BwdWeights {
     dnnl::convolution_backward_weights prim;
@@ -134,26 +132,20 @@ struct DnnlConv2d::Impl {
   std::optional<BwdData> bwd_data;
   std::optional<BwdWeights> bwd_w[2];
 
-  // x_plane, y_plane: floats between two planes of x and of y (0: dense NCHW).
-  Impl(const ConvGeom& g, ScratchArena* a, int64_t x_plane = 0, int64_t y_plane = 0)
-      : arena(a ? a : &thread_scratch()) {
-    x_md = nchw(g.n, g.cin, g.hin, g.win, x_plane);
+  Impl(const ConvGeom& g, ScratchArena* a) : arena(a ? a : &thread_scratch()) {
+    x_md = memory::desc({g.n, g.cin, g.hin, g.win}, dt::f32, tag::nchw);
     // A grouped weight [cout][cin/groups][kh][kw] is goihw with the groups outermost.
     w_md = g.groups == 1 ? memory::desc({g.cout, g.cin, g.kh, g.kw}, dt::f32, tag::oihw)
                          : memory::desc({g.groups, g.cout_per_group(), g.cin_per_group(), g.kh, g.kw}, dt::f32,
                                         tag::goihw);
     b_md = memory::desc({g.cout}, dt::f32, tag::x);
-    y_md = nchw(g.n, g.cout, g.hout(), g.wout(), y_plane);
+    y_md = memory::desc({g.n, g.cout, g.hout(), g.wout()}, dt::f32, tag::nchw);
     strides = {g.stride_h, g.stride_w};
     dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gap, not the step
     pad_l = {g.pad_top, g.pad_left};
     pad_r = {g.pad_bottom, g.pad_right};
   }
 
-  static memory::desc nchw(int64_t n, int64_t c, int64_t h, int64_t w, int64_t plane) {
-    if (!plane) return memory::desc({n, c, h, w}, dt::f32, tag::nchw);
-    return memory::desc({n, c, h, w}, dt::f32, memory::dims{c * plane, plane, w, 1});
-  }
   static memory::desc any(const memory::desc& d) {
     return memory::desc(d.dims(), dt::f32, tag::any);
   }
@@ -215,7 +207,7 @@ struct DnnlConv2d::Impl {
     auto& f = fwd[bias];
     if (!f) {
       auto pd = fwd_pd(bias);
-      f.emplace(Fwd{dnnl::convolution_forward(pd), {}, {}, {}, pd.scratchpad_desc().get_size(), pd.impl_info_str()});
+      f.emplace(Fwd{dnnl::convolution_forward(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       f->x.init(eng, x_md, pd.src_desc(), false);
       f->w.init(eng, w_md, pd.weights_desc(), false);
       f->y.init(eng, y_md, pd.dst_desc(), true);
@@ -241,7 +233,7 @@ struct DnnlConv2d::Impl {
       if (!made) made = make(false);
       const auto& pd = *made;
       bwd_data.emplace(BwdData{
-          dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size(), pd.impl_info_str()});
+          dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false);
       bwd_data->w.init(eng, w_md, pd.weights_desc(), false);
       bwd_data->dx.init(eng, x_md, pd.diff_src_desc(), true);
@@ -278,114 +270,6 @@ DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena) : g_(g) {
   validate(g);
   impl_ = std::make_unique<Impl>(g, arena);
 }
-DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, int64_t x_plane, int64_t y_plane) : g_(g) {
-  validate(g);
-  impl_ = std::make_unique<Impl>(g, arena, x_plane, y_plane);
-}
-
-namespace {
-// Whether two tensors of the same rank are blocked alike (nChw16c, nChw8c, nchw, ...).
-bool same_blocks(const memory::desc& a, const memory::desc& b) {
-  if (a.data.format_kind != b.data.format_kind) return false;
-  const auto &x = a.data.format_desc.blocking, &y = b.data.format_desc.blocking;
-  if (x.inner_nblks != y.inner_nblks) return false;
-  for (int i = 0; i < x.inner_nblks; ++i)
-    if (x.inner_blks[i] != y.inner_blks[i] || x.inner_idxs[i] != y.inner_idxs[i]) return false;
-  return true;
-}
-}  // namespace
-
-// A part of the whole conv: input rows [x_row, x_row + its hin) against output rows
-// [y_row, y_row + its hout), with the whole conv's padding where they reach past the image.
-struct DnnlConv2d::RowPart {
-  unsigned pass;  // kConvForward or kConvBackwardData
-  int lo, hi;     // the rows it computes: of y (forward) or of dx (backward data)
-  int x_row, y_row;
-  std::unique_ptr<DnnlConv2d> conv;
-  bool fits;  // computes as the whole conv does (same kernel and layouts) within its scratch
-};
-
-DnnlConv2d::RowPart* DnnlConv2d::row_part(unsigned pass, int lo, int hi) {
-  for (auto& p : parts_)
-    if (p->pass == pass && p->lo == lo && p->hi == hi) return p->fits ? p.get() : nullptr;
-  const ConvGeom& g = g_;
-  const int span = (g.kh - 1) * g.dil_h + 1, st = g.stride_h;
-  ConvGeom s = g;
-  int x_row = 0, y_row = 0;
-  bool ok = true;
-  if (pass == kConvForward) {
-    // Output rows [lo, hi) read input rows [first, last), padding outside the image.
-    const int first = lo * st - g.pad_top, last = (hi - 1) * st - g.pad_top + span;
-    x_row = std::max(first, 0);
-    s.hin = std::min(last, g.hin) - x_row;
-    s.pad_top = x_row - first;
-    s.pad_bottom = last - (x_row + s.hin);
-    y_row = lo;
-  } else {
-    // Input rows [lo, hi) are read by output rows [i0, i1]: the windows that reach them.
-    auto ceil_div = [](int a, int b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); };
-    const int i0 = std::max(0, ceil_div(lo + g.pad_top - span + 1, st));
-    const int i1 = std::min(g.hout() - 1, (hi - 1 + g.pad_top) / st);
-    x_row = lo;
-    y_row = i0;
-    s.hin = hi - lo;
-    s.pad_top = g.pad_top + lo - i0 * st;
-    s.pad_bottom = (i1 - i0) * st + span - s.hin - s.pad_top;  // the least that makes i1 - i0 + 1 rows
-    ok = i0 <= i1 && s.pad_top >= 0 && s.pad_bottom >= 0;  // else rows no window reads: the whole conv only
-  }
-  std::unique_ptr<DnnlConv2d> conv;
-  if (ok) {
-    conv.reset(new DnnlConv2d(s, impl_->arena, int64_t(g.hin) * g.win, int64_t(g.hout()) * g.wout()));
-    const ConvScratch mine = scratch_need(pass), its = conv->scratch_need(pass);
-    for (int i = 0; i < kScratchSlots; ++i) ok &= its.slot[i] <= mine.slot[i];
-    Impl &a = *impl_, &b = *conv->impl_;
-    if (pass == kConvForward) {
-      for (bool bias : {false, true}) {
-        const auto &fa = a.get_fwd(bias), &fb = b.get_fwd(bias);
-        ok &= fa.impl == fb.impl && fa.w.prim == fb.w.prim && same_blocks(fa.x.prim, fb.x.prim) &&
-              same_blocks(fa.y.prim, fb.y.prim);
-      }
-    } else {
-      const auto &da = a.get_bwd_data(), &db = b.get_bwd_data();
-      ok &= da.impl == db.impl && da.w.prim == db.w.prim && same_blocks(da.dy.prim, db.dy.prim) &&
-            same_blocks(da.dx.prim, db.dx.prim);
-    }
-  }
-  parts_.push_back(std::make_unique<RowPart>(RowPart{pass, lo, hi, x_row, y_row, std::move(conv), ok}));
-  return ok ? parts_.back().get() : nullptr;
-}
-
-bool DnnlConv2d::can_run_rows(unsigned pass, int lo, int hi) {
-  const ConvGeom& g = g_;
-  const int span = (g.kh - 1) * g.dil_h + 1;
-  const int rows = pass == kConvForward ? g.hout() : g.hin;
-  if (pass == kConvForward && g.cin == 1 && conv_loops_vectorised()) return false;
-  if (g.pad_top >= span || g.pad_bottom >= span) return false;
-  if (lo < 0 || hi > rows || lo >= hi) return false;
-  if (lo == 0 && hi == rows) return true;
-  return row_part(pass, lo, hi) != nullptr;
-}
-
-bool DnnlConv2d::can_forward_rows(int row_lo, int row_hi) { return can_run_rows(kConvForward, row_lo, row_hi); }
-bool DnnlConv2d::can_backward_data_rows(int row_lo, int row_hi) {
-  return can_run_rows(kConvBackwardData, row_lo, row_hi);
-}
-
-void DnnlConv2d::forward_rows(const float* x, const float* w, const float* bias, float* y, int row_lo, int row_hi) {
-  if (!can_forward_rows(row_lo, row_hi)) throw std::invalid_argument("DnnlConv2d::forward_rows: not for these rows");
-  if (row_lo == 0 && row_hi == g_.hout()) return forward(x, w, bias, y);
-  const RowPart& p = *row_part(kConvForward, row_lo, row_hi);
-  p.conv->forward(x + size_t(p.x_row) * g_.win, w, bias, y + size_t(p.y_row) * g_.wout());
-}
-
-void DnnlConv2d::backward_data_rows(const float* dy, const float* w, float* dx, int row_lo, int row_hi) {
-  if (!can_backward_data_rows(row_lo, row_hi))
-    throw std::invalid_argument("DnnlConv2d::backward_data_rows: not for these rows");
-  if (row_lo == 0 && row_hi == g_.hin) return backward_data(dy, w, dx);
-  const RowPart& p = *row_part(kConvBackwardData, row_lo, row_hi);
-  p.conv->backward_data(dy + size_t(p.y_row) * g_.wout(), w, dx + size_t(p.x_row) * g_.win);
-}
-
 DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;

@@ -8,13 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "kernels/cpu/conv.hpp"
@@ -198,74 +196,6 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
       if (g.cin > 1) EXPECT_GT(need.total(), 0u);  // blocked layouts: reorders through the arena
     }
   }
-  omp_set_num_threads(saved);
-}
-
-// forward_rows and backward_data_rows: every split of the rows into three parts that
-// can_*_rows allows gives the whole pass's result to the bit (a sharded conv computes what
-// needs no halo while the halo is in flight, the rest after), and asks the arena for no
-// more than dnnl_conv_scratch of that pass, which the memory model reserves.
-TEST(DnnlConv2d, RowPartsAreTheWholePassToTheBitWithinItsScratch) {
-  std::mt19937_64 rng(31);
-  const int saved = omp_get_max_threads();
-  int checked[2] = {0, 0};
-  for (const ConvGeom& g : dnnl_geoms()) {
-    for (int threads : {1, 2}) {
-      omp_set_num_threads(threads);
-      const int span = (g.kh - 1) * g.dil_h + 1;
-      const VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
-                 b = to_float(random_vec(size_t(g.cout), rng)), dy = to_float(random_vec(g.y_size(), rng));
-      for (const unsigned pass : {unsigned(kConvForward), unsigned(kConvBackwardData)}) {
-        const bool fwd = pass == kConvForward;
-        RecordingArena whole_arena, parts_arena;
-        DnnlConv2d whole(g, &whole_arena), split(g, &parts_arena);
-        const int H = fwd ? g.hout() : g.hin;
-        auto can = [&](int lo, int hi) { return fwd ? split.can_forward_rows(lo, hi) : split.can_backward_data_rows(lo, hi); };
-        auto run = [&](float* out, int lo, int hi) {
-          if (fwd)
-            split.forward_rows(x.data(), w.data(), b.data(), out, lo, hi);
-          else
-            split.backward_data_rows(dy.data(), w.data(), out, lo, hi);
-        };
-        if (!can(0, H)) {
-          // Only the one-channel forward loops and paddings past the window run whole passes only.
-          EXPECT_TRUE((fwd && g.cin == 1) || g.pad_top >= span || g.pad_bottom >= span) << str(g);
-          continue;
-        }
-        VecF ref(fwd ? g.y_size() : g.x_size(), 7.f);
-        if (fwd)
-          whole.forward(x.data(), w.data(), b.data(), ref.data());
-        else
-          whole.backward_data(dy.data(), w.data(), ref.data());
-        for (int a = 0; a <= H; ++a) {
-          for (int c = a; c <= H; c += std::max(1, H / 4)) {
-            const std::pair<int, int> parts3[] = {{a, c}, {0, a}, {c, H}};
-            bool runs = true;
-            for (auto [lo, hi] : parts3) runs &= lo == hi || can(lo, hi);
-            if (!runs) continue;
-            VecF out(ref.size(), -3.f);
-            for (auto [lo, hi] : parts3)
-              if (lo < hi) run(out.data(), lo, hi);
-            ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)))
-                << (fwd ? "forward " : "backward data ") << str(g) << " rows [0," << a << ") [" << a << "," << c
-                << ") [" << c << "," << H << "), threads " << threads;
-            ++checked[!fwd];
-          }
-        }
-        const ConvScratch need = dnnl_conv_scratch(g, pass, threads);
-        for (int s = 0; s < kScratchSlots; ++s)
-          EXPECT_LE(parts_arena.asked.slot[s], need.slot[s]) << "slot " << s << ", " << str(g) << ", pass " << pass;
-        // The common case, a 3x3 'same' conv of 16 channels, runs its interior and border rows apart.
-        if (g.cin == 16 && g.cout == 16 && g.kh == 3 && g.stride_h == 1 && g.dil_h == 1 && g.groups == 1)
-          EXPECT_TRUE(can(1, H - 1) && can(0, 1) && can(H - 1, H)) << str(g) << ", pass " << pass;
-      }
-    }
-  }
-  EXPECT_GT(checked[0], 100);
-  EXPECT_GT(checked[1], 100);
-  DnnlConv2d conv(dnnl_geoms()[0]);
-  EXPECT_THROW(conv.forward_rows(nullptr, nullptr, nullptr, nullptr, 3, 2), std::invalid_argument);
-  EXPECT_THROW(conv.backward_data_rows(nullptr, nullptr, nullptr, -1, 2), std::invalid_argument);
   omp_set_num_threads(saved);
 }
 
