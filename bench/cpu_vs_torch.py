@@ -50,8 +50,9 @@ def flow(d):
                            for k, v in d.items()) + "}"
 
 
-def write_config(path, run_dir, data, h, w, grid, batch, steps):
-    layers = "\n".join("    - " + flow(l) for l in LAYERS)
+def write_config(path, run_dir, data, h, w, grid, batch, steps, layers=LAYERS, device_memory="16GiB"):
+    """A training config for the CPU backend, no checkpoints (bench/speed.py uses it too)."""
+    layers = "\n".join("    - " + flow(l) for l in layers)
     text = f"""name: bench
 run_dir: {run_dir}
 seed: 1234
@@ -66,7 +67,7 @@ training:
   steps: {steps}
   optimizer: {{type: adam, lr: {LR}}}
   log_every: 1
-parallel: {{backend: cpu, grid: [{grid[0]}, {grid[1]}], device_memory: 16GiB}}
+parallel: {{backend: cpu, grid: [{grid[0]}, {grid[1]}], device_memory: {device_memory}}}
 checkpoint: {{every_steps: 0, keep: 1, resume: never}}
 """
     with open(path, "w") as f:

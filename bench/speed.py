@@ -35,48 +35,27 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cpu_vs_torch import WARM_HEAP, machine, make_data, mib  # noqa: E402
+from cpu_vs_torch import WARM_HEAP, machine, make_data, mib, write_config  # noqa: E402
 from models import MODELS, conv_shapes, torch_sequential, train_flops  # noqa: E402
 
 WARMUP, TIMED = 2, 6
 MiB = 2**20
 
 
-def flow(d):
-    return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
-
-
 def run_halotrain(args, model, tag, data, h, w, grid, batch, steps=WARMUP + TIMED):
     run_dir = os.path.join(args.workdir, "run-" + tag)
     shutil.rmtree(run_dir, ignore_errors=True)  # every run a fresh one: no resume, no stale metrics
     cfg = os.path.join(args.workdir, tag + ".yaml")
-    layers = "\n".join("    - " + flow(l) for l in MODELS[model])
-    with open(cfg, "w") as f:
-        f.write(f"""name: speed
-run_dir: {run_dir}
-seed: 1234
-data: {{train: {data}, images: images, targets: labels, shuffle: true}}
-model:
-  input: [{h}, {w}, 1]
-  layers:
-{layers}
-  loss: softmax_cross_entropy
-training:
-  batch_size: {batch}
-  steps: {steps}
-  optimizer: {{type: adam, lr: 0.003}}
-  log_every: 1
-parallel: {{backend: cpu, grid: [{grid[0]}, {grid[1]}], device_memory: 20GiB}}
-checkpoint: {{every_steps: 0, keep: 1, resume: never}}
-""")
+    write_config(cfg, run_dir, data, h, w, grid, batch, steps, layers=MODELS[model], device_memory="20GiB")
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)  # the launcher divides the cores among the shards
-    proc = subprocess.Popen([args.halotrain, "train", cfg], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read().decode()
+    log = os.path.join(args.workdir, tag + ".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([args.halotrain, "train", cfg], env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"halotrain train {cfg} failed:\n{err}")
+        with open(log) as f:
+            raise RuntimeError(f"halotrain train {cfg} failed:\n{f.read()[-4000:]}")
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         head = f.readline().strip().split(",")
         rows = [dict(zip(head, line.strip().split(","))) for line in f]
