@@ -203,7 +203,6 @@ void NcclComm::finish_exchange() {
   s_->wait();
 }
 
-
 void NcclComm::broadcast_host(void* data, size_t bytes, int root) {
   s_->enter();
   if (!bytes) return;
