@@ -55,7 +55,7 @@ class Allocator {
 
   uint64_t in_use() const { return in_use_; }
   uint64_t peak() const { return peak_; }
-  uint64_t reserved() const { return in_use_ + slack_ + cached_; }  // in use + cached (rounded sizes)
+  uint64_t reserved() const { return in_use_ + slack_ + cached_; }  // held from the system
   uint64_t cached() const { return cached_; }
   uint64_t budget() const { return budget_; }
   void set_budget(uint64_t bytes) { budget_ = bytes; }
