@@ -429,4 +429,18 @@ void apply_override(YAML::Node& root, const std::string& text, Source& src) {
   src.overrides.push_back({text, join_key_path(segs)});
 }
 
+Item peek(const Item& map, const std::string& key) {
+  Item it;
+  it.src = map.src;
+  it.path = map.path + "." + key;
+  it.anchor.reset(map.anchor);
+  for (auto e = map.node.begin(); e != map.node.end(); ++e)
+    if (e->first.IsScalar() && e->first.Scalar() == key) {
+      it.node.reset(e->second);
+      it.anchor.reset(e->first);
+      it.present = true;
+    }
+  return it;
+}
+
 }  // namespace ht::cfg

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,6 +72,13 @@ std::string as_string(const Item& item);  // a non-empty scalar
 std::optional<std::string> as_nullable_string(const Item& item);  // null or "" -> none
 // Index of the value in `choices`, with a suggestion for a near miss.
 size_t as_choice(const Item& item, const std::vector<std::string>& choices);
+
+// The scalar value of `key` in a map without the full key check (for `type`, which decides
+// the map's other keys); not present when the map has no such key.
+Item peek(const Item& map, const std::string& key);
+
+// The largest value an int-typed config field takes.
+inline constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // Explains why a key is not allowed here when it is valid elsewhere ("it belongs to dense").
 using ForeignKey = std::function<std::optional<std::string>(const std::string& key)>;
