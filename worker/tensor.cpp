@@ -8,7 +8,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
-#include <unordered_map>
+#include <set>
 #include <utility>
 
 #include "kernels/cpu/host_memory.hpp"
@@ -20,11 +20,29 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes)
 size_t block_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
-// Free blocks by rounded size; a multimap so trimming can start from the largest. Blocks
-// handed out with more than the owner's rounded size, by address.
+// The cache (BlockCache::Reuse) keeps every block obtained from the system as a segment
+// cut into pieces: an allocation takes the smallest free piece that holds it (best fit)
+// and leaves the rest of it free; a freed piece merges with free neighbours of its segment.
+// Only a segment with nothing in use goes back to the system.
 struct Allocator::Cache {
-  std::multimap<size_t, void*> blocks;
-  std::unordered_map<void*, size_t> larger;
+  struct Piece {
+    char* segment;
+    size_t size;
+    bool free;
+  };
+  std::map<char*, Piece> pieces;                   // every piece, by address
+  std::set<std::pair<size_t, char*>> free_pieces;  // the free ones, by (size, address)
+  std::map<char*, size_t> segments, unused;        // every segment's size; those wholly free
+
+  void add_free(char* at, char* segment, size_t size) {
+    pieces[at] = Piece{segment, size, true};
+    free_pieces.emplace(size, at);
+    if (at == segment && size == segments.at(segment)) unused.emplace(segment, size);
+  }
+  void take_free(std::map<char*, Piece>::iterator it) {
+    free_pieces.erase({it->second.size, it->first});
+    unused.erase(it->first);
+  }
 };
 
 Allocator::Allocator(std::string device, uint64_t budget_bytes, BlockCache cache)
@@ -42,24 +60,20 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
   void* p = nullptr;
   if (cache_mode_ == BlockCache::Reuse) {
     const size_t block = block_size(bytes);
-    size_t got = block;
-    p = take_cached(block, &got);
-    if (p && got != block) cache_->larger.emplace(p, got);
+    p = take_cached(block);
     if (!p) {
-      // Cached blocks of other sizes give way before the reservation passes the highest use
-      // so far or the budget: what a worker holds from the system stays at the peak the
-      // memory model predicts (several shards share one host's memory).
-      // The limit has a margin of an eighth of the peak (at most 512 MiB): the blocks alive
-      // at the peak are not those alive elsewhere in the step, and without it one of them
-      // is released and faulted in again on every step.
-      const uint64_t need = in_use_ + slack_ + block;
+      // Wholly free segments give way before the reservation passes the highest use so far
+      // or the budget: what a worker holds from the system stays near the peak the memory
+      // model predicts (several shards share one host's memory). The limit has a margin
+      // of an eighth of the peak (at most 512 MiB) for the pieces left between blocks.
+      const uint64_t need = reserved_ - cached_ + block;  // the pieces in use and this one
       uint64_t limit = std::max<uint64_t>(peak_ + std::min<uint64_t>(peak_ / 8, uint64_t(512) << 20), need);
       if (budget_) limit = std::min<uint64_t>(limit, std::max<uint64_t>(budget_, need));
-      trim_cache(limit - need);
-      p = raw_allocate(block);
+      trim_cache(limit - block);
+      p = new_segment(block);
       if (!p && cached_) {
         release_cached();
-        p = raw_allocate(block);
+        p = new_segment(block);
       }
     }
   } else {
@@ -67,7 +81,6 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
   }
   if (!p)
     throw DeviceMemoryError(fmt::format("{}: the system refused {} for {}", device_, mib(bytes), what));
-  if (cache_mode_ == BlockCache::Reuse) slack_ += held_block(p, bytes) - bytes;
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
   return p;
@@ -75,40 +88,73 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
 
 void Allocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
-  if (cache_mode_ == BlockCache::Reuse) {
-    const size_t block = held_block(ptr, bytes);
-    cache_->larger.erase(ptr);
-    slack_ -= block - bytes;
-    cache_->blocks.emplace(block, ptr);
-    cached_ += block;
-  } else {
-    raw_deallocate(ptr);
-  }
   in_use_ -= bytes;
+  if (cache_mode_ != BlockCache::Reuse) {
+    raw_deallocate(ptr);
+    return;
+  }
+  Cache& c = *cache_;
+  auto it = c.pieces.find(static_cast<char*>(ptr));
+  char* at = it->first;
+  char* segment = it->second.segment;
+  size_t size = it->second.size;
+  cached_ += size;
+  // Merge with the free neighbours within the segment.
+  if (auto next = std::next(it); next != c.pieces.end() && next->second.free && next->second.segment == segment) {
+    size += next->second.size;
+    c.take_free(next);
+    c.pieces.erase(next);
+  }
+  if (it != c.pieces.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.free && prev->second.segment == segment) {
+      at = prev->first;
+      size += prev->second.size;
+      c.take_free(prev);
+      c.pieces.erase(it);
+    }
+  }
+  c.add_free(at, segment, size);
 }
 
-void* Allocator::take_cached(size_t block, size_t* got) {
-  // The exact size, else the smallest block of at most twice it.
-  auto it = cache_->blocks.lower_bound(block);
-  if (it == cache_->blocks.end() || it->first > 2 * block) return nullptr;
-  void* p = it->second;
-  *got = it->first;
-  cached_ -= it->first;
-  cache_->blocks.erase(it);
+void* Allocator::take_cached(size_t block) {
+  Cache& c = *cache_;
+  auto best = c.free_pieces.lower_bound({block, nullptr});
+  if (best == c.free_pieces.end()) return nullptr;
+  char* at = best->second;
+  auto it = c.pieces.find(at);
+  const size_t size = it->second.size;
+  char* segment = it->second.segment;
+  c.take_free(it);
+  it->second = Cache::Piece{segment, block, false};
+  if (size > block) c.add_free(at + block, segment, size - block);
+  cached_ -= block;
+  return at;
+}
+
+void* Allocator::new_segment(size_t block) {
+  char* p = static_cast<char*>(raw_allocate(block));
+  if (!p) return nullptr;
+  cache_->segments.emplace(p, block);
+  cache_->pieces[p] = Cache::Piece{p, block, false};
+  reserved_ += block;
   return p;
 }
 
-size_t Allocator::held_block(void* ptr, size_t bytes) const {
-  auto it = cache_->larger.find(ptr);
-  return it == cache_->larger.end() ? block_size(bytes) : it->second;
-}
-
 void Allocator::trim_cache(uint64_t keep_at_most) {
-  while (cached_ > keep_at_most && !cache_->blocks.empty()) {
-    auto it = std::prev(cache_->blocks.end());
-    raw_deallocate(it->second);
-    cached_ -= it->first;
-    cache_->blocks.erase(it);
+  // The largest wholly free segments go first.
+  Cache& c = *cache_;
+  while (reserved_ > keep_at_most && !c.unused.empty()) {
+    auto largest = std::max_element(c.unused.begin(), c.unused.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+    char* segment = largest->first;
+    const size_t size = largest->second;
+    c.take_free(c.pieces.find(segment));
+    c.pieces.erase(segment);
+    c.segments.erase(segment);
+    raw_deallocate(segment);
+    cached_ -= size;
+    reserved_ -= size;
   }
 }
 

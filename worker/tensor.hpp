@@ -25,17 +25,16 @@ class DeviceMemoryError : public std::runtime_error {
 // Counts bytes in use and the peak on one device (one rank's share of host memory on the
 // CPU backend), and enforces a budget. Not thread-safe: one allocator per worker.
 //
-// With BlockCache::Reuse a freed block is kept and handed out again for the next request
-// of the same rounded size, or failing that the smallest cached block of up to twice the
-// size: a training step asks for the same sizes every step, so after the first step no
-// memory comes from the system (on the host: no page faults, no mmap/munmap of 100 MB
-// tensors). A larger block saves releasing one block and faulting in another when the
-// sizes in use change within a step (a sharded conv's halo-extended input beside owned
-// tensors). in_use() and peak() count what the owners asked for, cached or not;
-// reserved() adds the cached blocks and the unused tails of larger blocks handed out.
-// Cached blocks are released when the reservation would pass the peak in use so far (plus
-// an eighth, at most 512 MiB) or the budget, when the system refuses memory, by
-// release_cached() and on destruction. A subclass that enables the cache must call release_cached() in its own
+// With BlockCache::Reuse the blocks obtained from the system are kept as segments and
+// cut into pieces (best fit; a freed piece merges with its free neighbours), as in
+// PyTorch's caching allocator: a training step asks for the same sizes every step, so
+// after the first step no memory comes from the system (on the host: no page faults, no
+// mmap/munmap of 100 MB tensors), even where a size freed in one layer is asked for in
+// pieces by the next. in_use() and peak() count what the owners asked for; reserved()
+// counts the segments, cached() their free pieces. A segment with nothing in use is
+// released when the reservation would pass the peak in use so far (plus an eighth, at
+// most 512 MiB) or the budget, when the system refuses memory, by release_cached() and on
+// destruction. A subclass that enables the cache must call release_cached() in its own
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
 
@@ -55,7 +54,7 @@ class Allocator {
 
   uint64_t in_use() const { return in_use_; }
   uint64_t peak() const { return peak_; }
-  uint64_t reserved() const { return in_use_ + slack_ + cached_; }  // held from the system
+  uint64_t reserved() const { return cache_mode_ == BlockCache::Reuse ? reserved_ : in_use_; }  // held from the system
   uint64_t cached() const { return cached_; }
   uint64_t budget() const { return budget_; }
   void set_budget(uint64_t bytes) { budget_ = bytes; }
@@ -67,16 +66,16 @@ class Allocator {
   virtual void raw_deallocate(void* ptr);
 
  private:
-  void* take_cached(size_t block, size_t* got);
-  size_t held_block(void* ptr, size_t bytes) const;  // the block size behind an allocation
-  void trim_cache(uint64_t keep_at_most);
+  void* take_cached(size_t block);  // a piece of a free one, or null
+  void* new_segment(size_t block);   // from the system, or null
+  void trim_cache(uint64_t keep_at_most);  // releases wholly free segments
 
   std::string device_;
   uint64_t budget_ = 0;  // 0: unlimited
   uint64_t in_use_ = 0, peak_ = 0;
   BlockCache cache_mode_;
-  uint64_t cached_ = 0;
-  uint64_t slack_ = 0;  // blocks in use beyond what their owners asked for (rounding, larger blocks)
+  uint64_t reserved_ = 0;  // the segments' bytes
+  uint64_t cached_ = 0;    // their free pieces' bytes
   struct Cache;
   std::unique_ptr<Cache> cache_;
 };
