@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
@@ -54,23 +55,8 @@ inline Span tap_span(int out, int in, int s, int pad, int kd) {
 
 namespace {
 
-// The vector width the row loops are compiled for. The build targets baseline x86-64
-// (SSE2: 4 floats); the float tasks below also exist for AVX2 and AVX-512 and are picked
-// once for this CPU. Each task body is always inlined into its ISA wrapper.
-enum class Isa { Baseline, Avx2, Avx512 };
-Isa cpu_isa() {
-  static const Isa isa = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
-      return Isa::Avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
-    return Isa::Baseline;
-  }();
-  return isa;
-}
-#define HT_AVX2 __attribute__((target("avx2,fma")))
-#define HT_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+// The float tasks below also exist for AVX2 and AVX-512 (isa.hpp); each task body is
+// always inlined into its ISA wrapper.
 
 // One (image, band of output rows) task of the forward: y = bias + sum of row axpys.
 template <class T>

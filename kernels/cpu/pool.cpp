@@ -7,8 +7,10 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/isa.hpp"
 #include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
@@ -108,11 +110,147 @@ void scan_row(const PoolGeom& g, const T* xp, int h0, int h1, Interior in, T* be
 
 inline bool int_indexable(const PoolGeom& g) { return long(g.hin) * g.win < (1L << 31) - 1; }
 
+// Windows that tile the image (k x k, stride k, no padding, k = 2 or 4: max_pool2d's usual
+// form) take a path of their own. A window's elements are k runs of k consecutive columns,
+// scanned in the rule's order (values and chosen elements equal the scan's), vectorised
+// across windows without strided loads; the backward writes every dx element once, 0 + dy
+// at the chosen element and 0 elsewhere, instead of zeroing dx and adding into it.
+int tiling_window(const PoolGeom& g) {
+  const int k = g.kh;
+  const bool tiles = g.kw == k && g.stride_h == k && g.stride_w == k && g.pad_top == 0 && g.pad_bottom == 0 &&
+                     g.pad_left == 0 && g.pad_right == 0 && int_indexable(g);
+  return tiles && (k == 2 || k == 4) ? k : 0;
+}
+
+constexpr int kTileChunk = 1024;  // windows scanned before their dx rows are written
+
+// Maximum of every window of one output row and, if `which` is given, the window-relative
+// index (row * K + column) of the chosen element.
+template <class T, int K>
+__attribute__((always_inline)) inline void tiled_scan(int n, const T* x0, long win, T* best, int* which) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    T b = -std::numeric_limits<T>::infinity();
+    int w = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < K; ++r)
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        const T v = x0[r * win + j * K + k];
+        const bool take = v > b || v != v;
+        b = take ? v : b;
+        w = take ? r * K + k : w;
+      }
+    best[j] = b;
+    if (which) which[j] = w;
+  }
+}
+
+template <class T, int K>
+__attribute__((always_inline)) inline void tiled_forward_plane(const PoolGeom& g, const T* xp, T* yp) {
+  const int ho = g.hout(), wo = g.wout();
+  for (int oh = 0; oh < ho; ++oh) tiled_scan<T, K>(wo, xp + size_t(oh) * K * g.win, g.win, yp + size_t(oh) * wo, nullptr);
+}
+
+template <class T, int K>
+__attribute__((always_inline)) inline void tiled_backward_plane(const PoolGeom& g, const T* xp, const T* dyp, T* dxp) {
+  const int ho = g.hout(), wo = g.wout();
+  alignas(64) T best[kTileChunk];
+  alignas(64) int which[kTileChunk];
+  for (int oh = 0; oh < ho; ++oh) {
+    const T* x0 = xp + size_t(oh) * K * g.win;
+    T* dx0 = dxp + size_t(oh) * K * g.win;
+    for (int j0 = 0; j0 < wo; j0 += kTileChunk) {
+      const int n = std::min(kTileChunk, wo - j0);
+      tiled_scan<T, K>(n, x0 + j0 * K, g.win, best, which);
+      const T* dyr = dyp + size_t(oh) * wo + j0;
+      for (int r = 0; r < K; ++r) {
+        T* out = dx0 + r * g.win + j0 * K;
+        for (int j = 0; j < n; ++j) {
+          const T d = T(0) + dyr[j];  // as the scatter's 0 += dy: -0 becomes +0
+#pragma GCC unroll 4
+          for (int k = 0; k < K; ++k) out[j * K + k] = which[j] == r * K + k ? d : T(0);
+        }
+      }
+    }
+    for (int r = 0; r < K && wo * K < g.win; ++r)  // columns no window covers
+      std::fill(dx0 + r * g.win + wo * K, dx0 + (r + 1) * g.win, T(0));
+  }
+  std::fill(dxp + size_t(ho) * K * g.win, dxp + size_t(g.hin) * g.win, T(0));  // rows no window covers
+}
+
+template <class T>
+using TiledForward = void (*)(const PoolGeom&, const T*, T*);
+template <class T>
+using TiledBackward = void (*)(const PoolGeom&, const T*, const T*, T*);
+
+template <class T, int K>
+void tiled_forward_baseline(const PoolGeom& g, const T* xp, T* yp) {
+  tiled_forward_plane<T, K>(g, xp, yp);
+}
+template <int K>
+HT_AVX2 void tiled_forward_avx2(const PoolGeom& g, const float* xp, float* yp) {
+  tiled_forward_plane<float, K>(g, xp, yp);
+}
+template <int K>
+HT_AVX512 void tiled_forward_avx512(const PoolGeom& g, const float* xp, float* yp) {
+  tiled_forward_plane<float, K>(g, xp, yp);
+}
+template <class T, int K>
+void tiled_backward_baseline(const PoolGeom& g, const T* xp, const T* dyp, T* dxp) {
+  tiled_backward_plane<T, K>(g, xp, dyp, dxp);
+}
+template <int K>
+HT_AVX2 void tiled_backward_avx2(const PoolGeom& g, const float* xp, const float* dyp, float* dxp) {
+  tiled_backward_plane<float, K>(g, xp, dyp, dxp);
+}
+template <int K>
+HT_AVX512 void tiled_backward_avx512(const PoolGeom& g, const float* xp, const float* dyp, float* dxp) {
+  tiled_backward_plane<float, K>(g, xp, dyp, dxp);
+}
+
+template <class T, int K>
+TiledForward<T> tiled_forward_for_cpu() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_isa() == Isa::Avx512) return tiled_forward_avx512<K>;
+    if (cpu_isa() == Isa::Avx2) return tiled_forward_avx2<K>;
+  }
+  return tiled_forward_baseline<T, K>;
+}
+template <class T, int K>
+TiledBackward<T> tiled_backward_for_cpu() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (cpu_isa() == Isa::Avx512) return tiled_backward_avx512<K>;
+    if (cpu_isa() == Isa::Avx2) return tiled_backward_avx2<K>;
+  }
+  return tiled_backward_baseline<T, K>;
+}
+
+template <class T>
+void tiled_max_pool_forward(const PoolGeom& g, const T* x, T* y) {
+  const TiledForward<T> plane = g.kh == 2 ? tiled_forward_for_cpu<T, 2>() : tiled_forward_for_cpu<T, 4>();
+  const long planes = long(g.n) * g.c;
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
+  for (long p = 0; p < planes; ++p) plane(g, x + size_t(p) * g.hin * g.win, y + size_t(p) * g.hout() * g.wout());
+}
+
+template <class T>
+void tiled_max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) {
+  const TiledBackward<T> plane = g.kh == 2 ? tiled_backward_for_cpu<T, 2>() : tiled_backward_for_cpu<T, 4>();
+  const long planes = long(g.n) * g.c;
+#pragma omp parallel for schedule(static) if (g.x_size() > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const size_t xo = size_t(p) * g.hin * g.win;
+    plane(g, x + xo, dy + size_t(p) * g.hout() * g.wout(), dx + xo);
+  }
+}
+
 }  // namespace
 
 template <class T>
 void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
   validate(g);
+  if (tiling_window(g)) return tiled_max_pool_forward(g, x, y);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
   const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};
@@ -143,6 +281,7 @@ void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
 template <class T>
 void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) {
   validate(g);
+  if (tiling_window(g)) return tiled_max_pool_backward(g, x, dy, dx);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
   const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};

@@ -1,6 +1,6 @@
 // The fast paths of the CPU kernels against the plain rules they replace, bit for bit:
-// max pooling vectorised across windows (ties, NaN, -inf, padding, overlapping and gapped
-// windows), the branch-free ReLU backward, and the caching host allocator's accounting
+// max pooling vectorised across windows (ties, NaN, -inf, padding, overlapping, gapped and
+// tiling windows), the branch-free ReLU backward, and the caching host allocator's accounting
 // and reuse.
 #include <gtest/gtest.h>
 
@@ -88,6 +88,8 @@ void check_pool_matches_rule() {
   const std::vector<PoolGeom> geoms = {
       pgeom(2, 3, 16, 24, 4, 4, 4, 4, 0, 0, 0, 0),  // the demo's pool 4
       pgeom(1, 2, 17, 23, 2, 2, 2, 2, 0, 0, 0, 0),  // odd sizes: uncovered last row/col
+      pgeom(1, 2, 6, 2 * 1024 + 7, 2, 2, 2, 2, 0, 0, 0, 0),  // tiling windows: rows over chunks
+      pgeom(2, 1, 11, 4 * 1030 + 3, 4, 4, 4, 4, 0, 0, 0, 0),  // the same with pool 4
       pgeom(1, 2, 13, 29, 3, 3, 2, 2, 1, 1, 1, 1),  // overlapping, padded
       pgeom(1, 1, 12, 40, 3, 3, 1, 1, 1, 1, 1, 1),  // stride 1
       pgeom(1, 1, 11, 37, 2, 3, 3, 4, 0, 1, 2, 0),  // gaps between windows, asymmetric pad
