@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -152,8 +153,36 @@ __attribute__((always_inline)) inline void tiled_forward_plane(const PoolGeom& g
   for (int oh = 0; oh < ho; ++oh) tiled_scan<T, K>(wo, xp + size_t(oh) * K * g.win, g.win, yp + size_t(oh) * wo, nullptr);
 }
 
+// K lanes of T and of an integer of T's width, so that a window's K elements of one row are
+// one vector: `lane == chosen ? d : 0` (GCC vector extensions, at the width the caller
+// is compiled for).
+template <class T, int K>
+struct WindowRow;
+template <>
+struct WindowRow<float, 2> {
+  typedef float V __attribute__((vector_size(8)));
+  typedef int I __attribute__((vector_size(8)));
+};
+template <>
+struct WindowRow<float, 4> {
+  typedef float V __attribute__((vector_size(16)));
+  typedef int I __attribute__((vector_size(16)));
+};
+template <>
+struct WindowRow<double, 2> {
+  typedef double V __attribute__((vector_size(16)));
+  typedef long long I __attribute__((vector_size(16)));
+};
+template <>
+struct WindowRow<double, 4> {
+  typedef double V __attribute__((vector_size(32)));
+  typedef long long I __attribute__((vector_size(32)));
+};
+
 template <class T, int K>
 __attribute__((always_inline)) inline void tiled_backward_plane(const PoolGeom& g, const T* xp, const T* dyp, T* dxp) {
+  using V = typename WindowRow<T, K>::V;
+  using I = typename WindowRow<T, K>::I;
   const int ho = g.hout(), wo = g.wout();
   alignas(64) T best[kTileChunk];
   alignas(64) int which[kTileChunk];
@@ -163,13 +192,17 @@ __attribute__((always_inline)) inline void tiled_backward_plane(const PoolGeom& 
     for (int j0 = 0; j0 < wo; j0 += kTileChunk) {
       const int n = std::min(kTileChunk, wo - j0);
       tiled_scan<T, K>(n, x0 + j0 * K, g.win, best, which);
-      const T* dyr = dyp + size_t(oh) * wo + j0;
+      for (int j = 0; j < n; ++j) best[j] = T(0) + dyp[size_t(oh) * wo + j0 + j];  // as 0 += dy: -0 becomes +0
       for (int r = 0; r < K; ++r) {
+        I lane;
+        for (int k = 0; k < K; ++k) lane[k] = r * K + k;
         T* out = dx0 + r * g.win + j0 * K;
         for (int j = 0; j < n; ++j) {
-          const T d = T(0) + dyr[j];  // as the scatter's 0 += dy: -0 becomes +0
-#pragma GCC unroll 4
-          for (int k = 0; k < K; ++k) out[j * K + k] = which[j] == r * K + k ? d : T(0);
+          V d, zero;
+          I chosen;
+          for (int k = 0; k < K; ++k) d[k] = best[j], zero[k] = T(0), chosen[k] = which[j];
+          const V v = chosen == lane ? d : zero;
+          std::memcpy(out + j * K, &v, sizeof v);
         }
       }
     }
