@@ -61,6 +61,8 @@ std::vector<ConvGeom> conv_geoms() {
       geom(2, 1, 6, 5, 3, 5, 3, 2, 1, 1, 2, 3, 2, 1, 0),  // mixed strides and dilations
       geom(1, 2, 5, 5, 2, 2, 2, 3, 2, 2, 1, 0, 2, 1, 1),  // stride 3, even kernel
       geom(1, 2, 4, 5, 2, 2, 2, 1, 1, 1, 1, 3, 0, 0, 3),  // padding wider than the kernel
+      geom(1, 2, 6, 11, 3, 3, 3, 1, 1, 1, 1, 2, 0, 0, 1),  // 3x3 stride 1 (its own loop), asymmetric
+      geom(1, 1, 5, 2, 2, 3, 3, 1, 1, 1, 1, 1, 2, 2, 1),   // 3x3 stride 1, no column reads all taps
   };
   std::mt19937_64 rng(7);
   auto u = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -79,7 +81,9 @@ std::vector<ConvGeom> conv_geoms() {
   dw1.groups = 4;
   ConvGeom two = geom(1, 4, 6, 7, 6, 3, 2, 1, 2, 1, 1, 0, 1, 1, 0);
   two.groups = 2;
-  gs.insert(gs.end(), {dw, dw1, two});
+  ConvGeom dw3 = geom(2, 3, 7, 9, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);  // depthwise 3x3 stride 1
+  dw3.groups = 3;
+  gs.insert(gs.end(), {dw, dw1, two, dw3});
   return gs;
 }
 
