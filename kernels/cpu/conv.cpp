@@ -302,22 +302,93 @@ __attribute__((always_inline)) inline void bwd_weights_task(const ConvGeom& g, c
   }
 }
 
+// The same task for 3x3 windows at stride 1 and dilation 1: an output row's 9 sums (3
+// input rows x 3 taps) in one pass over dy, each dy element loaded once instead of 9
+// times; a tap's sum still covers its whole span in T and goes to double once a row, the
+// columns outside the interior added after it.
+template <class T>
+__attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& g, const T* x, const T* dy,
+                                                                const Span* spans, int n, int b, double* a) {
+  const int ho = g.hout(), wo = g.wout();
+  const size_t xplane = size_t(g.hin) * g.win, yplane = size_t(ho) * wo, nw = g.w_size();
+  const int oh0 = b * kBand, oh1 = std::min(ho, oh0 + kBand);
+  const int cig = g.cin_per_group();
+  const int lo = std::max({spans[0].lo, spans[1].lo, spans[2].lo});
+  const int hi = std::max(lo, std::min({spans[0].hi, spans[1].hi, spans[2].hi}));
+  for (int co = 0; co < g.cout; ++co) {
+    const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
+    for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
+    const int c0 = co / g.cout_per_group() * cig;
+    for (int ci = 0; ci < cig; ++ci) {
+      const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane - g.pad_left;
+      double* ac = a + (size_t(co) * cig + ci) * 9;
+      for (int oh = oh0; oh < oh1; ++oh) {
+        const T* yr = yc + size_t(oh) * wo;
+        const int r0 = std::max(0, g.pad_top - oh), r1 = std::min(3, g.hin + g.pad_top - oh);
+        if (r0 >= r1) continue;
+        const T* x0 = xc + size_t(oh - g.pad_top + r0) * g.win;  // input row of kernel row r0
+        T s[9] = {};
+        if (r1 - r0 == 3) {
+          const T *p = x0, *q = x0 + g.win, *r = x0 + 2 * g.win;
+          T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0, s8 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7, s8)
+          for (int j = lo; j < hi; ++j) {
+            const T d = yr[j];
+            s0 += d * p[j], s1 += d * p[j + 1], s2 += d * p[j + 2];
+            s3 += d * q[j], s4 += d * q[j + 1], s5 += d * q[j + 2];
+            s6 += d * r[j], s7 += d * r[j + 1], s8 += d * r[j + 2];
+          }
+          s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3, s[4] = s4, s[5] = s5, s[6] = s6, s[7] = s7, s[8] = s8;
+        } else {
+          for (int kr = r0; kr < r1; ++kr) {
+            const T* p = x0 + size_t(kr - r0) * g.win;
+            T s0 = 0, s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s0, s1, s2)
+            for (int j = lo; j < hi; ++j) {
+              const T d = yr[j];
+              s0 += d * p[j], s1 += d * p[j + 1], s2 += d * p[j + 2];
+            }
+            s[kr * 3] = s0, s[kr * 3 + 1] = s1, s[kr * 3 + 2] = s2;
+          }
+        }
+        for (int kr = r0; kr < r1; ++kr) {
+          const T* p = x0 + size_t(kr - r0) * g.win;
+          for (int k = 0; k < 3; ++k) {
+            T& sk = s[kr * 3 + k];
+            for (int j = spans[k].lo; j < std::min(lo, spans[k].hi); ++j) sk += yr[j] * p[j + k];
+            for (int j = std::max(hi, spans[k].lo); j < spans[k].hi; ++j) sk += yr[j] * p[j + k];
+            ac[kr * 3 + k] += double(sk);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+__attribute__((always_inline)) inline void bwd_weights_any(const ConvGeom& g, const T* x, const T* dy,
+                                                           const Span* sp, int n, int b, double* a) {
+  if (g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1)
+    bwd_weights_task_3x3<T>(g, x, dy, sp, n, b, a);
+  else
+    bwd_weights_task<T>(g, x, dy, sp, n, b, a);
+}
+
 template <class T>
 using BwdWeightsTask = void (*)(const ConvGeom&, const T*, const T*, const Span*, int, int, double*);
 
 template <class T>
 void bwd_weights_portable(const ConvGeom& g, const T* x, const T* dy, const Span* sp, int n, int b,
                           double* a) {
-  bwd_weights_task<T>(g, x, dy, sp, n, b, a);
+  bwd_weights_any<T>(g, x, dy, sp, n, b, a);
 }
-HT_AVX2 void bwd_weights_avx2(const ConvGeom& g, const float* x,
-                                                           const float* dy, const Span* sp, int n,
-                                                           int b, double* a) {
-  bwd_weights_task<float>(g, x, dy, sp, n, b, a);
+HT_AVX2 void bwd_weights_avx2(const ConvGeom& g, const float* x, const float* dy, const Span* sp, int n, int b,
+                              double* a) {
+  bwd_weights_any<float>(g, x, dy, sp, n, b, a);
 }
-HT_AVX512 void bwd_weights_avx512(
-    const ConvGeom& g, const float* x, const float* dy, const Span* sp, int n, int b, double* a) {
-  bwd_weights_task<float>(g, x, dy, sp, n, b, a);
+HT_AVX512 void bwd_weights_avx512(const ConvGeom& g, const float* x, const float* dy, const Span* sp, int n,
+                                  int b, double* a) {
+  bwd_weights_any<float>(g, x, dy, sp, n, b, a);
 }
 
 template <class T>
