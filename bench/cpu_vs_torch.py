@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,9 @@ def make_data(binary, path, count, h, w):
 
 def run_halotrain(args, tag, data, h, w, grid, batch, steps):
     run_dir = os.path.join(args.workdir, "run-" + tag)
+    # Every run a fresh one: train refuses a run_dir holding another run's checkpoints
+    # under resume: never.
+    shutil.rmtree(run_dir, ignore_errors=True)
     cfg = os.path.join(args.workdir, tag + ".yaml")
     write_config(cfg, run_dir, data, h, w, grid, batch, steps)
     env = dict(os.environ)

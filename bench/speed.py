@@ -116,6 +116,17 @@ def model_convs(args, model, h, w, batch):
     return conv_throughput(args, extra)[0]["gflops"]
 
 
+def each_conv(args, model, h, w, batch):
+    """[(cin, cout, height, width, GFLOP/s, seconds)] of the model's convs, each conv's training
+    passes timed alone by oneDNN."""
+    convs, _ = conv_shapes(MODELS[model], h, w)
+    out = []
+    for cin, cout, k, ch, cw, first in convs:
+        r = conv_throughput(args, ["--conv", f"{batch},{cin},{cout},{ch},{cw},{int(first)}"])[0]
+        out.append((cin, cout, ch, cw, r["gflops"], r["seconds"]))
+    return out
+
+
 def data_file(args, h, w, count=4):
     path = os.path.join(args.workdir, f"data{h}x{w}.h5")
     make_data(args.halotrain, path, count, h, w)
@@ -209,6 +220,15 @@ def main():
         lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
                      f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
                      f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} |")
+    lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone by "
+              "oneDNN (forward, backward data unless it reads the image, backward weights).", "",
+              "| model | conv | size, batch | GFLOP/s | vs ceiling | share of the convs' time |", "|---|---|---|---|---|---|"]
+    for model, h, w, batch in [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4)]:
+        convs = each_conv(args, model, h, w, batch)
+        total = sum(c[5] for c in convs)
+        for cin, cout, ch, cw, gflops, seconds in convs:
+            lines.append(f"| {model} | {cin} -> {cout} | {ch}x{cw}, {batch} | {gflops:.1f} | {gflops / best:.2f} | "
+                         f"{seconds / total:.2f} |")
     lines.append("")
 
     # (4) scaling
