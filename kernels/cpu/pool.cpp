@@ -184,15 +184,15 @@ __attribute__((always_inline)) inline void tiled_backward_plane(const PoolGeom& 
   using V = typename WindowRow<T, K>::V;
   using I = typename WindowRow<T, K>::I;
   const int ho = g.hout(), wo = g.wout();
-  alignas(64) T best[kTileChunk];
+  alignas(64) T value[kTileChunk];  // each window's maximum, then what its dx element gets
   alignas(64) int which[kTileChunk];
   for (int oh = 0; oh < ho; ++oh) {
     const T* x0 = xp + size_t(oh) * K * g.win;
     T* dx0 = dxp + size_t(oh) * K * g.win;
     for (int j0 = 0; j0 < wo; j0 += kTileChunk) {
       const int n = std::min(kTileChunk, wo - j0);
-      tiled_scan<T, K>(n, x0 + j0 * K, g.win, best, which);
-      for (int j = 0; j < n; ++j) best[j] = T(0) + dyp[size_t(oh) * wo + j0 + j];  // as 0 += dy: -0 becomes +0
+      tiled_scan<T, K>(n, x0 + j0 * K, g.win, value, which);
+      for (int j = 0; j < n; ++j) value[j] = T(0) + dyp[size_t(oh) * wo + j0 + j];  // as 0 += dy: -0 becomes +0
       for (int r = 0; r < K; ++r) {
         I lane;
         for (int k = 0; k < K; ++k) lane[k] = r * K + k;
@@ -200,7 +200,7 @@ __attribute__((always_inline)) inline void tiled_backward_plane(const PoolGeom& 
         for (int j = 0; j < n; ++j) {
           V d, zero;
           I chosen;
-          for (int k = 0; k < K; ++k) d[k] = best[j], zero[k] = T(0), chosen[k] = which[j];
+          for (int k = 0; k < K; ++k) d[k] = value[j], zero[k] = T(0), chosen[k] = which[j];
           const V v = chosen == lane ? d : zero;
           std::memcpy(out + j * K, &v, sizeof v);
         }
