@@ -127,9 +127,12 @@ __attribute__((always_inline)) inline void forward_task_3x3(const ConvGeom& g, c
       for (int j = 0; j < lo; ++j) border(j);
       for (int j = hi; j < wo; ++j) border(j);
       if (lo >= hi) continue;
-      for (int j = lo; j < hi; ++j) yr[j] = b0;
+      // Here lo == pad_left: output column lo + i reads input columns i, i + 1, i + 2.
+      T* yo = yr + lo;
+      const int m = hi - lo;
+      for (int i = 0; i < m; ++i) yo[i] = b0;
       for (int ci = 0; ci < cig; ++ci) {
-        const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane - g.pad_left;
+        const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane;
         const T* wc = w + (size_t(co) * cig + ci) * 9;
         const int r0 = std::max(0, g.pad_top - oh), r1 = std::min(3, g.hin + g.pad_top - oh);
         const T* x0 = xc + size_t(oh - g.pad_top + r0) * g.win;
@@ -138,30 +141,30 @@ __attribute__((always_inline)) inline void forward_task_3x3(const ConvGeom& g, c
                   w7 = wc[7], w8 = wc[8];
           const T *a = x0, *bb = x0 + g.win, *c = x0 + 2 * g.win;
 #pragma omp simd
-          for (int j = lo; j < hi; ++j) {
-            T acc = yr[j];
-            acc += w0 * a[j];
-            acc += w1 * a[j + 1];
-            acc += w2 * a[j + 2];
-            acc += w3 * bb[j];
-            acc += w4 * bb[j + 1];
-            acc += w5 * bb[j + 2];
-            acc += w6 * c[j];
-            acc += w7 * c[j + 1];
-            acc += w8 * c[j + 2];
-            yr[j] = acc;
+          for (int i = 0; i < m; ++i) {
+            T acc = yo[i];
+            acc += w0 * a[i];
+            acc += w1 * a[i + 1];
+            acc += w2 * a[i + 2];
+            acc += w3 * bb[i];
+            acc += w4 * bb[i + 1];
+            acc += w5 * bb[i + 2];
+            acc += w6 * c[i];
+            acc += w7 * c[i + 1];
+            acc += w8 * c[i + 2];
+            yo[i] = acc;
           }
         } else {
           for (int r = r0; r < r1; ++r) {
             const T* xr = x0 + size_t(r - r0) * g.win;
             const T* wr = wc + r * 3;
 #pragma omp simd
-            for (int j = lo; j < hi; ++j) {
-              T acc = yr[j];
-              acc += wr[0] * xr[j];
-              acc += wr[1] * xr[j + 1];
-              acc += wr[2] * xr[j + 2];
-              yr[j] = acc;
+            for (int i = 0; i < m; ++i) {
+              T acc = yo[i];
+              acc += wr[0] * xr[i];
+              acc += wr[1] * xr[i + 1];
+              acc += wr[2] * xr[i + 2];
+              yo[i] = acc;
             }
           }
         }
@@ -170,10 +173,15 @@ __attribute__((always_inline)) inline void forward_task_3x3(const ConvGeom& g, c
   }
 }
 
+// Whether the 3x3 stride-1 loops below (forward and weight gradient) serve this geometry.
+inline bool plain_3x3(const ConvGeom& g) {
+  return g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1;
+}
+
 template <class T>
 __attribute__((always_inline)) inline void forward_any(const ConvGeom& g, const T* x, const T* w, const T* bias,
                                                        T* y, const Span* sp, int n, int b) {
-  if (g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1)
+  if (plain_3x3(g))
     forward_task_3x3<T>(g, x, w, bias, y, n, b);
   else
     forward_task<T>(g, x, w, bias, y, sp, n, b);
@@ -200,11 +208,7 @@ ForwardTask<T> forward_for_cpu() {
 }
 template <>
 ForwardTask<float> forward_for_cpu<float>() {
-  switch (cpu_isa()) {
-    case Isa::Avx512: return forward_avx512;
-    case Isa::Avx2: return forward_avx2;
-    default: return forward_baseline<float>;
-  }
+  return for_this_cpu<ForwardTask<float>>(forward_baseline<float>, forward_avx2, forward_avx512);
 }
 
 }  // namespace
@@ -315,15 +319,18 @@ __attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& 
   const int cig = g.cin_per_group();
   const int lo = std::max({spans[0].lo, spans[1].lo, spans[2].lo});
   const int hi = std::max(lo, std::min({spans[0].hi, spans[1].hi, spans[2].hi}));
+  // lo == pad_left: output column lo + i reads input columns i, i + 1, i + 2.
+  const int m = hi - lo, pl = g.pad_left;
   for (int co = 0; co < g.cout; ++co) {
     const T* yc = dy + (size_t(n) * g.cout + co) * yplane;
     for (int oh = oh0; oh < oh1; ++oh) a[nw + co] += sum(wo, yc + size_t(oh) * wo);
     const int c0 = co / g.cout_per_group() * cig;
     for (int ci = 0; ci < cig; ++ci) {
-      const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane - g.pad_left;
+      const T* xc = x + (size_t(n) * g.cin + c0 + ci) * xplane;
       double* ac = a + (size_t(co) * cig + ci) * 9;
       for (int oh = oh0; oh < oh1; ++oh) {
         const T* yr = yc + size_t(oh) * wo;
+        const T* yo = yr + std::min(lo, wo);  // read only when m > 0, where lo < wo
         const int r0 = std::max(0, g.pad_top - oh), r1 = std::min(3, g.hin + g.pad_top - oh);
         if (r0 >= r1) continue;
         const T* x0 = xc + size_t(oh - g.pad_top + r0) * g.win;  // input row of kernel row r0
@@ -332,11 +339,11 @@ __attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& 
           const T *p = x0, *q = x0 + g.win, *r = x0 + 2 * g.win;
           T s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0, s8 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2, s3, s4, s5, s6, s7, s8)
-          for (int j = lo; j < hi; ++j) {
-            const T d = yr[j];
-            s0 += d * p[j], s1 += d * p[j + 1], s2 += d * p[j + 2];
-            s3 += d * q[j], s4 += d * q[j + 1], s5 += d * q[j + 2];
-            s6 += d * r[j], s7 += d * r[j + 1], s8 += d * r[j + 2];
+          for (int i = 0; i < m; ++i) {
+            const T d = yo[i];
+            s0 += d * p[i], s1 += d * p[i + 1], s2 += d * p[i + 2];
+            s3 += d * q[i], s4 += d * q[i + 1], s5 += d * q[i + 2];
+            s6 += d * r[i], s7 += d * r[i + 1], s8 += d * r[i + 2];
           }
           s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3, s[4] = s4, s[5] = s5, s[6] = s6, s[7] = s7, s[8] = s8;
         } else {
@@ -344,9 +351,9 @@ __attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& 
             const T* p = x0 + size_t(kr - r0) * g.win;
             T s0 = 0, s1 = 0, s2 = 0;
 #pragma omp simd reduction(+ : s0, s1, s2)
-            for (int j = lo; j < hi; ++j) {
-              const T d = yr[j];
-              s0 += d * p[j], s1 += d * p[j + 1], s2 += d * p[j + 2];
+            for (int i = 0; i < m; ++i) {
+              const T d = yo[i];
+              s0 += d * p[i], s1 += d * p[i + 1], s2 += d * p[i + 2];
             }
             s[kr * 3] = s0, s[kr * 3 + 1] = s1, s[kr * 3 + 2] = s2;
           }
@@ -355,8 +362,8 @@ __attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& 
           const T* p = x0 + size_t(kr - r0) * g.win;
           for (int k = 0; k < 3; ++k) {
             T& sk = s[kr * 3 + k];
-            for (int j = spans[k].lo; j < std::min(lo, spans[k].hi); ++j) sk += yr[j] * p[j + k];
-            for (int j = std::max(hi, spans[k].lo); j < spans[k].hi; ++j) sk += yr[j] * p[j + k];
+            for (int j = spans[k].lo; j < std::min(lo, spans[k].hi); ++j) sk += yr[j] * p[j - pl + k];
+            for (int j = std::max(hi, spans[k].lo); j < spans[k].hi; ++j) sk += yr[j] * p[j - pl + k];
             ac[kr * 3 + k] += double(sk);
           }
         }
@@ -368,7 +375,7 @@ __attribute__((always_inline)) inline void bwd_weights_task_3x3(const ConvGeom& 
 template <class T>
 __attribute__((always_inline)) inline void bwd_weights_any(const ConvGeom& g, const T* x, const T* dy,
                                                            const Span* sp, int n, int b, double* a) {
-  if (g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1)
+  if (plain_3x3(g))
     bwd_weights_task_3x3<T>(g, x, dy, sp, n, b, a);
   else
     bwd_weights_task<T>(g, x, dy, sp, n, b, a);
@@ -397,11 +404,7 @@ BwdWeightsTask<T> bwd_weights_for_cpu() {
 }
 template <>
 BwdWeightsTask<float> bwd_weights_for_cpu<float>() {
-  switch (cpu_isa()) {
-    case Isa::Avx512: return bwd_weights_avx512;
-    case Isa::Avx2: return bwd_weights_avx2;
-    default: return bwd_weights_portable<float>;
-  }
+  return for_this_cpu<BwdWeightsTask<float>>(bwd_weights_portable<float>, bwd_weights_avx2, bwd_weights_avx512);
 }
 
 }  // namespace

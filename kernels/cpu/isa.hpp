@@ -20,6 +20,16 @@ inline Isa cpu_isa() {
   return isa;
 }
 
+// Of one function built three ways, the one for the widest ISA this CPU has.
+template <class F>
+F for_this_cpu(F baseline, F avx2, F avx512) {
+  switch (cpu_isa()) {
+    case Isa::Avx512: return avx512;
+    case Isa::Avx2: return avx2;
+    default: return baseline;
+  }
+}
+
 }  // namespace ht::cpu
 
 #define HT_AVX2 __attribute__((target("avx2,fma")))

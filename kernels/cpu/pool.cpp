@@ -244,19 +244,19 @@ HT_AVX512 void tiled_backward_avx512(const PoolGeom& g, const float* xp, const f
 
 template <class T, int K>
 TiledForward<T> tiled_forward_for_cpu() {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cpu_isa() == Isa::Avx512) return tiled_forward_avx512<K>;
-    if (cpu_isa() == Isa::Avx2) return tiled_forward_avx2<K>;
-  }
-  return tiled_forward_baseline<T, K>;
+  if constexpr (std::is_same_v<T, float>)
+    return for_this_cpu<TiledForward<float>>(tiled_forward_baseline<float, K>, tiled_forward_avx2<K>,
+                                             tiled_forward_avx512<K>);
+  else
+    return tiled_forward_baseline<T, K>;
 }
 template <class T, int K>
 TiledBackward<T> tiled_backward_for_cpu() {
-  if constexpr (std::is_same_v<T, float>) {
-    if (cpu_isa() == Isa::Avx512) return tiled_backward_avx512<K>;
-    if (cpu_isa() == Isa::Avx2) return tiled_backward_avx2<K>;
-  }
-  return tiled_backward_baseline<T, K>;
+  if constexpr (std::is_same_v<T, float>)
+    return for_this_cpu<TiledBackward<float>>(tiled_backward_baseline<float, K>, tiled_backward_avx2<K>,
+                                              tiled_backward_avx512<K>);
+  else
+    return tiled_backward_baseline<T, K>;
 }
 
 template <class T>
