@@ -106,25 +106,21 @@ def conv_throughput(args, extra=()):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def model_convs(args, model, h, w, batch):
-    """GFLOP/s of the model's own 3x3 convs, each pass timed alone by oneDNN."""
-    convs, _ = conv_shapes(MODELS[model], h, w)
-    extra = []
-    for cin, cout, k, ch, cw, first in convs:
-        assert k == 3, "halotrain_conv_throughput times 3x3 'same' convs"
-        extra += ["--conv", f"{batch},{cin},{cout},{ch},{cw},{int(first)}"]
-    return conv_throughput(args, extra)[0]["gflops"]
-
-
 def each_conv(args, model, h, w, batch):
-    """[(cin, cout, height, width, GFLOP/s, seconds)] of the model's convs, each conv's training
-    passes timed alone by oneDNN."""
+    """[(cin, cout, height, width, GFLOP/s, seconds)] of the model's 3x3 convs, each conv's
+    training passes timed alone by oneDNN."""
     convs, _ = conv_shapes(MODELS[model], h, w)
     out = []
     for cin, cout, k, ch, cw, first in convs:
+        assert k == 3, "halotrain_conv_throughput times 3x3 'same' convs"
         r = conv_throughput(args, ["--conv", f"{batch},{cin},{cout},{ch},{cw},{int(first)}"])[0]
         out.append((cin, cout, ch, cw, r["gflops"], r["seconds"]))
     return out
+
+
+def convs_alone(convs):
+    """GFLOP/s of all the convs of each_conv together: the step if nothing else took time."""
+    return sum(gflops * seconds for *_, gflops, seconds in convs) / sum(c[5] for c in convs)
 
 
 def data_file(args, h, w, count=4):
@@ -206,6 +202,7 @@ def main():
               "| model | image, batch | counted GFLOP per step | median step | GFLOP/s | vs ceiling | goal | "
               "its convs alone: GFLOP/s, vs ceiling | torch: GFLOP/s, vs ceiling | step vs torch |",
               "|---|---|---|---|---|---|---|---|---|---|"]
+    per_conv = {}  # model: each_conv, for the table below
     for model, h, w, batch in [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv3", 768, 768, 2)]:
         data = data_file(args, h, w)
         r = run_halotrain(args, model, f"flops-{model}", data, h, w, (1, 1), batch)
@@ -216,15 +213,16 @@ def main():
         rate = gflop / r["median"]
         good = rate >= 0.6 * best
         ok &= good
-        alone = model_convs(args, model, h, w, batch)
+        per_conv[model] = each_conv(args, model, h, w, batch)
+        alone = convs_alone(per_conv[model])
         lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
                      f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
                      f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} |")
     lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone by "
               "oneDNN (forward, backward data unless it reads the image, backward weights).", "",
               "| model | conv | size, batch | GFLOP/s | vs ceiling | share of the convs' time |", "|---|---|---|---|---|---|"]
-    for model, h, w, batch in [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4)]:
-        convs = each_conv(args, model, h, w, batch)
+    for model, batch in [("seed", 2), ("demo", 4)]:
+        convs = per_conv[model]
         total = sum(c[5] for c in convs)
         for cin, cout, ch, cw, gflops, seconds in convs:
             lines.append(f"| {model} | {cin} -> {cout} | {ch}x{cw}, {batch} | {gflops:.1f} | {gflops / best:.2f} | "
