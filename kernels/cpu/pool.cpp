@@ -116,11 +116,11 @@ inline bool int_indexable(const PoolGeom& g) { return long(g.hin) * g.win < (1L 
 // scanned in the rule's order (values and chosen elements equal the scan's), vectorised
 // across windows without strided loads; the backward writes every dx element once, 0 + dy
 // at the chosen element and 0 elsewhere, instead of zeroing dx and adding into it.
-int tiling_window(const PoolGeom& g) {
+// (int_indexable: a window row's offset r * win is an int.)
+bool windows_tile(const PoolGeom& g) {
   const int k = g.kh;
-  const bool tiles = g.kw == k && g.stride_h == k && g.stride_w == k && g.pad_top == 0 && g.pad_bottom == 0 &&
-                     g.pad_left == 0 && g.pad_right == 0 && int_indexable(g);
-  return tiles && (k == 2 || k == 4) ? k : 0;
+  return (k == 2 || k == 4) && g.kw == k && g.stride_h == k && g.stride_w == k && g.pad_top == 0 &&
+         g.pad_bottom == 0 && g.pad_left == 0 && g.pad_right == 0 && int_indexable(g);
 }
 
 constexpr int kTileChunk = 1024;  // windows scanned before their dx rows are written
@@ -283,7 +283,7 @@ void tiled_max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) 
 template <class T>
 void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
   validate(g);
-  if (tiling_window(g)) return tiled_max_pool_forward(g, x, y);
+  if (windows_tile(g)) return tiled_max_pool_forward(g, x, y);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
   const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};
@@ -314,7 +314,7 @@ void max_pool_forward(const PoolGeom& g, const T* x, T* y) {
 template <class T>
 void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx) {
   validate(g);
-  if (tiling_window(g)) return tiled_max_pool_backward(g, x, dy, dx);
+  if (windows_tile(g)) return tiled_max_pool_backward(g, x, dy, dx);
   const int ho = g.hout(), wo = g.wout();
   const long planes = long(g.n) * g.c;
   const Interior in = int_indexable(g) ? interior_cols(g) : Interior{0, 0};
