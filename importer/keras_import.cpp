@@ -377,7 +377,7 @@ Config imported_config(const ImportedModel& m, const std::string& init_weights) 
   c.data.train = "data/" + c.name + ".h5";
   // Per-pixel outputs train on masks (or class maps), classifiers on labels.
   const ModelSpec spec = build_model_spec(c);
-  const bool masks = spec.spatial_layers == int(spec.layers.size());
+  const bool masks = spec.spatial_output();
   c.data.targets = masks ? "masks" : "labels";
   SynthesizeConfig s;
   s.count = 8;

@@ -408,7 +408,7 @@ class OnnxTranslator {
       if (group > 1 && !depthwise) unsupported(n, fmt::format("group {} (1, or one group per input channel)", group));
       std::vector<std::pair<std::string, LayerValue>> v = {{"kernel", kernel},
                                                            {"stride", stride},
-                                                           {"padding", Padding{PaddingMode::Explicit, int(pad)}},
+                                                           {"padding", Padding::uniform(int(pad))},
                                                            {"dilation", dilation},
                                                            {"bias", bias}};
       if (depthwise) v.push_back({"depth_multiplier", cout / cin});
@@ -478,7 +478,7 @@ class OnnxTranslator {
         unsupported(n, "count_include_pad 1 (halotrain's average excludes the padding)");
       const int64_t pool = square(n, "kernel_shape", 1), stride = square(n, "strides", 1);
       result = add(layer(op == "MaxPool" ? "max_pool2d" : "avg_pool2d", name,
-                         {{"pool", pool}, {"stride", stride}, {"padding", Padding{PaddingMode::Explicit, int(pad)}}}),
+                         {{"pool", pool}, {"stride", stride}, {"padding", Padding::uniform(int(pad))}}),
                    {from});
     } else if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
       result = add(layer(op == "GlobalAveragePool" ? "global_avg_pool" : "global_max_pool", name), {from});

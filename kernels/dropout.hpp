@@ -1,4 +1,4 @@
-// Dropout's mask (SPEC section 7): whether an element is kept is a function of the seed, the
+// Dropout's mask (SPEC section 7), and drop_path's (section 11): whether an element is kept is a function of the seed, the
 // layer, the step, the image's position in the step's batch, the channel and the element's
 // pixel in the whole image, so it is the same on every grid, every backend and after
 // resume. Shared by the CPU and CUDA kernels and by the Python oracle's copy of it.
@@ -42,6 +42,12 @@ HT_HOST_DEVICE inline bool dropout_keeps(const DropoutMask& m, int64_t image, in
   h = mix64(h ^ uint64_t(m.row0 + row));
   h = mix64(h ^ uint64_t(m.col0 + col));
   return double(h >> 11) * (1.0 / 9007199254740992.0) >= m.rate;  // uniform in [0, 1) vs rate
+}
+
+// Stochastic depth (drop_path): image `position` of the step's batch is kept whole or
+// dropped whole, a function of the seed, layer and step alone (the same on every shard).
+HT_HOST_DEVICE inline bool drop_path_keeps(uint64_t key, int64_t position, double rate) {
+  return double(mix64(key ^ uint64_t(position)) >> 11) * (1.0 / 9007199254740992.0) >= rate;
 }
 
 }  // namespace ht

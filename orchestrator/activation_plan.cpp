@@ -59,9 +59,7 @@ class StepTimeModel {
       const int node = node_of(config, r);
       for (int l = 0; l < L; ++l) {
         const LayerSpec& spec = m.layers[l];
-        const Rect one{{0, 1}, {0, 1}};
-        const Rect out = spec.spatial ? plan.owned_output(l, r) : one;
-        const Rect in = spec.spatial ? plan.owned_input(l, r) : one;
+        const Rect out = plan.owned_output(l, r), in = plan.owned_input(l, r);
         // The larger of its arithmetic and its memory traffic.
         const double share = double(out.area()) / (double(spec.out.h) * spec.out.w);
         const double flops = double(spec.flops_per_image) * share * b;
@@ -154,16 +152,16 @@ StepTime predict_step_time(const Config& config, const ShardPlan& plan, const La
 LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   const ModelSpec& m = plan.model;
   if (config.parallel.activations != ActivationPolicy::Auto)
-    return uniform_policies(m, config.parallel.activations);
+    return uniform_policies(plan, config.parallel.activations);
   const StepMemory memory(config, plan);
   const StepTimeModel time(config, plan, cost_model_for(config));
   const uint64_t budget = config.parallel.device_memory;
-  Candidate best = evaluate(memory, time, uniform_policies(m, ActivationPolicy::Keep));
+  Candidate best = evaluate(memory, time, uniform_policies(plan, ActivationPolicy::Keep));
   if (best.peak <= budget) return best.policies;
   if (memory.lower_bound() > budget) {
     // Nothing can fit: the plan reports the closest of the plain choices.
     for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
-      Candidate c = evaluate(memory, time, uniform_policies(m, p));
+      Candidate c = evaluate(memory, time, uniform_policies(plan, p));
       if (c.peak < best.peak) best = std::move(c);
     }
     return best.policies;
@@ -174,7 +172,7 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
     std::optional<Candidate> next;
     double next_score = 0;
     for (int l = 0; l < int(m.layers.size()); ++l) {
-      if (!policy_applies(m, l) || best.policies[l] != ActivationPolicy::Keep) continue;
+      if (!policy_applies(plan, l) || best.policies[l] != ActivationPolicy::Keep) continue;
       for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
         LayerPolicies trial = best.policies;
         trial[l] = p;
@@ -196,7 +194,7 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   // A single change may not lower the peak (two equal tensors at it): try all of one kind.
   // Of what fits, the fastest; when nothing fits, the smallest peak.
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
-    Candidate c = evaluate(memory, time, uniform_policies(m, p));
+    Candidate c = evaluate(memory, time, uniform_policies(plan, p));
     const bool fits = c.peak <= budget, best_fits = best.peak <= budget;
     if ((fits && (!best_fits || c.seconds < best.seconds)) || (!fits && !best_fits && c.peak < best.peak))
       best = std::move(c);

@@ -1,6 +1,7 @@
 // The typed config of SPEC section 3: parsed once from YAML, validated, then read-only.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -36,10 +37,20 @@ const char* to_string(RecycleMode m);
 const char* to_string(Metric m);           // "accuracy", "auc", "dice", "iou"
 const char* to_string(ScheduleType t);     // "constant", "cosine", "step"
 
+// A window's padding: `same` (TensorFlow's rule per axis), `valid`, or explicit pixels on
+// each side (an integer: every side; [h, w]: top and bottom h, left and right w; or
+// [[top, bottom], [left, right]]).
 struct Padding {
   PaddingMode mode = PaddingMode::Valid;
-  int value = 0;  // only for Explicit: symmetric pixels on each side
-  bool operator==(const Padding& o) const { return mode == o.mode && value == o.value; }
+  int top = 0, bottom = 0, left = 0, right = 0;  // Explicit only
+  Padding(PaddingMode m = PaddingMode::Valid, int every_side = 0)
+      : mode(m), top(every_side), bottom(every_side), left(every_side), right(every_side) {}
+  Padding(PaddingMode m, int t, int b, int l, int r) : mode(m), top(t), bottom(b), left(l), right(r) {}
+  static Padding uniform(int pixels) { return {PaddingMode::Explicit, pixels}; }
+  bool is_uniform() const { return top == bottom && top == left && top == right; }
+  bool operator==(const Padding& o) const {
+    return mode == o.mode && top == o.top && bottom == o.bottom && left == o.left && right == o.right;
+  }
 };
 
 struct LayerKind;  // orchestrator/layer_kind.hpp: what a layer type is
@@ -71,6 +82,7 @@ struct LayerConfig {
   const Padding& padding(std::string_view key) const;
   const std::string& choice(std::string_view key) const;
   const std::vector<int64_t>& ints(std::string_view key) const;
+  std::array<int, 2> pair(std::string_view key) const;  // a Size2 key: {rows, cols}
   const LayerValue* find(std::string_view key) const;
   void set(const std::string& key, LayerValue value);  // replaces the value of one of its keys
 };

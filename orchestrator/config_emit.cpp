@@ -145,14 +145,24 @@ void key_nullable(YAML::Emitter& out, const char* key, const std::string& v) {
   else out << Q{v};
 }
 
+// The shortest form that reads back the same: 1, [1, 2] or [[1, 0], [2, 2]].
 void emit_padding(YAML::Emitter& out, const std::string& key, const Padding& p) {
   out << YAML::Key << key << YAML::Value;
-  if (p.mode == PaddingMode::Explicit) out << p.value;
-  else out << to_string(p.mode);
+  if (p.mode != PaddingMode::Explicit) out << to_string(p.mode);
+  else if (p.is_uniform()) out << p.top;
+  else if (p.top == p.bottom && p.left == p.right) out << YAML::Flow << YAML::BeginSeq << p.top << p.left << YAML::EndSeq;
+  else
+    out << YAML::Flow << YAML::BeginSeq << YAML::Flow << YAML::BeginSeq << p.top << p.bottom << YAML::EndSeq
+        << YAML::Flow << YAML::BeginSeq << p.left << p.right << YAML::EndSeq << YAML::EndSeq;
 }
 
-// A size as [rows, cols]; margins as [[top, bottom], [left, right]].
+// A size as [rows, cols] (one integer when they are equal); margins as [[top, bottom],
+// [left, right]].
 void emit_ints(YAML::Emitter& out, const std::vector<int64_t>& v) {
+  if (v.size() == 2 && v[0] == v[1]) {
+    out << v[0];
+    return;
+  }
   out << YAML::Flow << YAML::BeginSeq;
   if (v.size() == 4) {
     out << YAML::Flow << YAML::BeginSeq << v[0] << v[1] << YAML::EndSeq;

@@ -34,14 +34,31 @@ std::vector<std::string> layer_keys(const LayerKind& kind) {
   return keys;
 }
 
+// An integer (every side), [h, w], [[top, bottom], [left, right]], same or valid.
 Padding read_padding(const Item& it) {
-  const char* what = "an integer >= 0, same or valid";
+  const char* what = "an integer >= 0, [h, w], [[top, bottom], [left, right]], same or valid";
+  if (it.node.IsSequence()) {
+    if (it.node.size() != 2) it.expected(what);
+    int sides[4];
+    for (int axis = 0; axis < 2; ++axis) {
+      const Item a = it.element(size_t(axis));
+      if (a.node.IsScalar()) {
+        sides[2 * axis] = sides[2 * axis + 1] = int(cfg::as_int(a, 0, kIntMax));
+      } else if (a.node.IsSequence() && a.node.size() == 2) {
+        sides[2 * axis] = int(cfg::as_int(a.element(0), 0, kIntMax));
+        sides[2 * axis + 1] = int(cfg::as_int(a.element(1), 0, kIntMax));
+      } else {
+        a.expected("an integer >= 0 or a list [before, after]");
+      }
+    }
+    return {PaddingMode::Explicit, sides[0], sides[1], sides[2], sides[3]};
+  }
   if (!it.node.IsScalar()) it.expected(what);
   const std::string s = it.node.Scalar();
-  if (s == "same") return {PaddingMode::Same, 0};
-  if (s == "valid") return {PaddingMode::Valid, 0};
+  if (s == "same") return {PaddingMode::Same};
+  if (s == "valid") return {PaddingMode::Valid};
   if (!s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+'))
-    return {PaddingMode::Explicit, int(cfg::as_int(it, 0, kIntMax))};
+    return Padding::uniform(int(cfg::as_int(it, 0, kIntMax)));
   const std::string near = cfg::nearest(s, {"same", "valid"});
   if (cfg::is_near(s, near))
     it.fail(fmt::format("{}: expected {}, found {}; did you mean '{}'?", it.path, what, cfg::describe(it.node), near));
@@ -82,8 +99,9 @@ std::string expected_value(const LayerKey& key) {
     case KeyType::Unit: return "a number in [0, 1)";
     case KeyType::Positive: return "a number > 0";
     case KeyType::NonNegative: return "a number >= 0";
+    case KeyType::Real: return "a finite number";
     case KeyType::Bool: return "true or false";
-    case KeyType::Padding: return "an integer >= 0, same or valid";
+    case KeyType::Padding: return "an integer >= 0, [h, w], [[top, bottom], [left, right]], same or valid";
     case KeyType::Choice: return "one of " + cfg::join(key.choices, " | ");
     case KeyType::Size2: return "an integer >= 1 or a list [rows, cols] of them";
     case KeyType::Margins: return "an integer >= 0, [rows, cols] or [[top, bottom], [left, right]]";
@@ -103,6 +121,7 @@ LayerValue read_layer_value(const MapReader& r, const LayerKey& key, const Layer
     case KeyType::Unit: return r.get_unit(name, 0);
     case KeyType::Positive: return r.get_positive(name, 1);
     case KeyType::NonNegative: return r.get_nonneg(name, 0);
+    case KeyType::Real: return r.get_finite(name, 0);
     case KeyType::Bool: return r.get_bool(name, false);
     case KeyType::Padding: return read_padding(r[name]);
     case KeyType::Choice: return key.choices.at(cfg::as_choice(r[name], key.choices));

@@ -211,6 +211,13 @@ double as_double_nonneg(const Item& item) {
   return v;
 }
 
+double as_double_finite(const Item& item) {
+  const char* what = "a finite number";
+  const double v = as_double(item, what);
+  if (!std::isfinite(v)) item.expected(what);
+  return v;
+}
+
 double as_double_unit(const Item& item) {
   const char* what = "a number in [0, 1)";
   const double v = as_double(item, what);
@@ -317,6 +324,11 @@ double MapReader::get_positive(const std::string& key, double def) const {
 double MapReader::get_nonneg(const std::string& key, double def) const {
   Item it = (*this)[key];
   return it.present ? as_double_nonneg(it) : def;
+}
+
+double MapReader::get_finite(const std::string& key, double def) const {
+  Item it = (*this)[key];
+  return it.present ? as_double_finite(it) : def;
 }
 
 double MapReader::get_unit(const std::string& key, double def) const {

@@ -67,6 +67,7 @@ uint64_t as_uint64(const Item& item);
 double as_double_positive(const Item& item);  // > 0
 double as_double_unit(const Item& item);      // in [0, 1)
 double as_double_nonneg(const Item& item);    // >= 0, finite
+double as_double_finite(const Item& item);    // any finite number
 bool as_bool(const Item& item);
 std::string as_string(const Item& item);  // a non-empty scalar
 std::optional<std::string> as_nullable_string(const Item& item);  // null or "" -> none
@@ -100,6 +101,7 @@ class MapReader {
   double get_positive(const std::string& key, double def) const;
   double get_unit(const std::string& key, double def) const;
   double get_nonneg(const std::string& key, double def) const;
+  double get_finite(const std::string& key, double def) const;
   std::string get_string(const std::string& key, const std::string& def) const;
   // `choices[i]` for the value, `def` when absent.
   template <class E>

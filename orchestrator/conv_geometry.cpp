@@ -49,7 +49,7 @@ std::vector<ShardConv> layer_convs(const ShardPlan& plan, int layer, int rank, i
   g.hin = need.rows.size();
   g.win = need.cols.size();
   g.cout = depthwise ? s.in.c * int(s.config.integer("depth_multiplier")) : s.out.c;
-  g.groups = depthwise ? s.in.c : 1;
+  g.groups = depthwise ? s.in.c : s.config.integer("groups");
   g.dil_h = s.rows.dilation;
   g.dil_w = s.cols.dilation;
   const ShardConv conv{g, cpu::kConvForward | weights | (need_dx ? cpu::kConvBackwardData : 0)};

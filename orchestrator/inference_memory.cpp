@@ -37,7 +37,9 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   };
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const StepMemory::LayerSizes& s = z.layers[l];
-    const uint64_t ext = m.layers[l].windowed() && !s.in_place ? s.ext : 0;
+    // The extended copy of a windowed layer, or the inputs a layer gathers whole.
+    uint64_t ext = m.layers[l].windowed() && !s.in_place ? s.ext : 0;
+    for (uint64_t whole : s.gathered) ext += whole;
     if (m.layers[l].windowed())
       for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
     at_peak(live + ext + s.inner + s.out, ext + s.inner, 0);  // a separable conv's inner tensor beside it
@@ -50,7 +52,7 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   if (kind == Inference::Predict) {
     // The band this rank packs or (rank 0) receives beside its output.
     const int L = int(m.layers.size());
-    const bool spatial = m.spatial_layers == L;
+    const bool spatial = m.spatial_output();
     const int C = m.output().c;
     uint64_t band = 0;
     for (int r = 0; r < plan.world(); ++r) {

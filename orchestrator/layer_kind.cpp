@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <deque>
 
 namespace ht {
@@ -72,10 +73,14 @@ std::string describe_value(const LayerValue& v) {
     std::string operator()(double d) const { return fmt::format("{}", d); }
     std::string operator()(bool b) const { return b ? "true" : "false"; }
     std::string operator()(const Padding& p) const {
-      return p.mode == PaddingMode::Explicit ? std::to_string(p.value) : to_string(p.mode);
+      if (p.mode != PaddingMode::Explicit) return to_string(p.mode);
+      return p.is_uniform() ? std::to_string(p.top) : fmt::format("{},{},{},{}", p.top, p.bottom, p.left, p.right);
     }
     std::string operator()(const std::string& s) const { return s; }
-    std::string operator()(const std::vector<int64_t>& v) const { return fmt::format("{}", fmt::join(v, ",")); }
+    std::string operator()(const std::vector<int64_t>& v) const {
+      if (v.size() == 2 && v[0] == v[1]) return std::to_string(v[0]);  // a square window, as before [h, w] forms
+      return fmt::format("{}", fmt::join(v, ","));
+    }
   };
   return std::visit(Text{}, v);
 }
@@ -88,7 +93,22 @@ const LayerValue* LayerConfig::find(std::string_view key) const {
   return nullptr;
 }
 
-int LayerConfig::integer(std::string_view key) const { return int(value_of<int64_t>(*this, key)); }
+int LayerConfig::integer(std::string_view key) const {
+  // A square [h, w] (kernel, stride, ...) reads as its one integer.
+  const LayerValue* v = find(key);
+  if (const auto* pair = v ? std::get_if<std::vector<int64_t>>(v) : nullptr; pair && pair->size() == 2) {
+    if ((*pair)[0] != (*pair)[1])
+      throw std::logic_error(fmt::format("layer '{}': '{}' is [{}, {}], not one integer", name, key, (*pair)[0],
+                                         (*pair)[1]));
+    return int((*pair)[0]);
+  }
+  return int(value_of<int64_t>(*this, key));
+}
+std::array<int, 2> LayerConfig::pair(std::string_view key) const {
+  const std::vector<int64_t>& v = value_of<std::vector<int64_t>>(*this, key);
+  if (v.size() != 2) throw std::logic_error(fmt::format("layer '{}': '{}' is not a pair", name, key));
+  return {int(v[0]), int(v[1])};
+}
 double LayerConfig::number(std::string_view key) const { return value_of<double>(*this, key); }
 bool LayerConfig::flag(std::string_view key) const { return value_of<bool>(*this, key); }
 const Padding& LayerConfig::padding(std::string_view key) const { return value_of<Padding>(*this, key); }
@@ -142,20 +162,27 @@ LayerConfig make_layer_config(const std::string& type, const std::vector<std::pa
     if (!given && k.default_value) v = *k.default_value, given = true;
     if (!given && !k.default_key.empty() && l.find(k.default_key)) v = *l.find(k.default_key), given = true;
     if (!given) throw std::logic_error(fmt::format("layer kind '{}': key '{}' is required", type, k.name));
+    if (const int64_t* i = std::get_if<int64_t>(&v); i && k.type == KeyType::Size2) v = std::vector<int64_t>{*i, *i};
     l.values.emplace_back(k.name, v);
   }
   return l;
 }
 
-void set_windows(LayerSpec& l, int kernel, int stride, int dilation, const Padding& padding) {
-  l.rows = make_window(l.in.h, kernel, stride, dilation, padding);
-  l.cols = make_window(l.in.w, kernel, stride, dilation, padding);
-  if (l.rows.out < 1 || l.cols.out < 1)
+void set_windows(LayerSpec& l, const LayerConfig& c, const char* kernel_key, int dilation_h, int dilation_w,
+                 bool ceil_mode) {
+  const std::array<int, 2> k = c.pair(kernel_key), s = c.pair("stride");
+  const Padding& p = c.padding("padding");
+  l.rows = make_window(l.in.h, k[0], s[0], dilation_h, p.mode, p.top, p.bottom, ceil_mode);
+  l.cols = make_window(l.in.w, k[1], s[1], dilation_w, p.mode, p.left, p.right, ceil_mode);
+  if (l.rows.out < 1 || l.cols.out < 1) {
+    const int pad_h = p.mode == PaddingMode::Explicit ? p.top + p.bottom : 0;
+    const int pad_w = p.mode == PaddingMode::Explicit ? p.left + p.right : 0;
     throw LayerShapeError(fmt::format(
-        "window {}x{} (dilation {}) with padding {} does not fit its {}x{} input; expected an input of at least {} "
-        "pixels per side",
-        kernel, kernel, dilation, to_string(padding.mode), l.in.h, l.in.w,
-        l.rows.span() - (padding.mode == PaddingMode::Explicit ? 2 * padding.value : 0)));
+        "window {}x{} (dilation {}x{}) with padding {} does not fit its {}x{} input; expected an input of at least "
+        "{}x{} pixels",
+        k[0], k[1], dilation_h, dilation_w, describe_value(p), l.in.h, l.in.w,
+        std::max(l.rows.span() - pad_h, 1), std::max(l.cols.span() - pad_w, 1)));
+  }
 }
 
 }  // namespace ht

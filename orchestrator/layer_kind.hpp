@@ -22,10 +22,11 @@ enum class KeyType {
   Unit,      // a number in [0, 1)
   Positive,  // a number > 0
   NonNegative,  // a number >= 0
+  Real,      // any finite number
   Bool,
   Padding,   // an integer >= 0, same or valid (SPEC section 5)
   Choice,    // one of LayerKey::choices
-  Size2,     // an integer >= 1, or [rows, cols]: {rows, cols}
+  Size2,     // an integer >= 1, or [rows, cols]: {rows, cols} (kernels, strides, sizes)
   Margins,   // an integer >= 0, [rows, cols], or [[top, bottom], [left, right]]: {top, bottom, left, right}
 };
 
@@ -39,10 +40,13 @@ struct LayerKey {
   // Whether a change of it is a change of the model, which resume refuses (the model
   // hash); batch norm's momentum and epsilon may change on resume.
   bool in_model_hash = true;
+  // False for keys added to a kind after checkpoints of it existed: hashed only when not at
+  // their default, so the models of before keep their hash (and resume).
+  bool hash_default = true;
 };
 
-// Where a layer may sit: on the sharded feature map, on the per-image vector after the
-// global pool (replicated on every shard of a sample group), or on either.
+// Where a layer may sit: on a feature map, on a per-image channel vector (a global pool's
+// output and what follows from it, the same on every shard of a sample group), or on either.
 enum class LayerInput { FeatureMap, Vector, Either };
 
 // What the backward of a windowed layer reads of its halo-extended input.
@@ -56,13 +60,16 @@ enum class WindowUse {
 // What the worker's layer does with memory and neighbours; the memory model and the
 // shard plan read these, the worker's layers behave by them.
 struct LayerTraits {
-  LayerInput input = LayerInput::Either;
+  LayerInput input = LayerInput::Either;  // where its first input may be
   bool global_pool = false;  // a feature map in, a vector out, reduced over the sample group
   bool windowed = false;     // reads a window of its input (LayerSpec rows/cols): halos
   WindowUse backward_window = WindowUse::None;
   bool conv_workspace = false;  // CUDA: the cuDNN workspace, and a padded copy of the input
                                 // where a shard's padding is asymmetric
   int min_inputs = 1, max_inputs = 1;  // how many layers it reads; max 0: no limit (add)
+  // Its inputs may mix feature maps and channel vectors, a vector standing for its value at
+  // every pixel (multiply: squeeze-excitation's gate).
+  bool broadcasts_vectors = false;
 };
 
 // A model that does not work at one layer: the message without the layer's location,
@@ -103,8 +110,10 @@ LayerConfig make_layer_config(const std::string& type,
 // "16", "same", "true", "0.3": a value as the model hash spells it.
 std::string describe_value(const LayerValue& value);
 
-// Window geometry for the window kinds (make_window along both axes); throws
-// LayerShapeError when the window does not fit the input.
-void set_windows(LayerSpec& layer, int kernel, int stride, int dilation, const Padding& padding);
+// Window geometry for the window kinds (make_window along both axes) from the layer's
+// `kernel_key` ([h, w]), `stride` and `padding` keys; throws LayerShapeError when the window
+// does not fit the input.
+void set_windows(LayerSpec& layer, const LayerConfig& config, const char* kernel_key, int dilation_h, int dilation_w,
+                 bool ceil_mode = false);
 
 }  // namespace ht

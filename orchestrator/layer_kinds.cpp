@@ -1,40 +1,99 @@
-// The built-in layer kinds (SPEC section 4): keys, names, traits, shapes, weights, flops.
-// Their kernels are in worker/layers.cpp.
+// The built-in windowed layer kinds (SPEC sections 5, 7 and 11): convolutions, pools,
+// resampling, padding and cropping; keys, names, traits, shapes, weights, flops. Their
+// kernels are in worker/window_layers.cpp. The other kinds are in layer_kinds_pixel.cpp.
 #include <fmt/format.h>
 
-#include "orchestrator/layer_kind.hpp"
+#include <algorithm>
+#include <map>
+
+#include "orchestrator/layer_kinds.hpp"
 
 namespace ht {
 
-namespace {
+namespace kinds {
 
-LayerKey required_int(const char* name) { return {name, KeyType::Int, std::nullopt, "", 1}; }
-LayerKey with_default(const char* name, KeyType type, LayerValue def) { return {name, type, def, "", 1}; }
-const Padding kValid{PaddingMode::Valid, 0};
+LayerKey required_int(const char* name) { return {name, KeyType::Int, std::nullopt, "", 1, {}}; }
+LayerKey with_default(const char* name, KeyType type, LayerValue def) { return {name, type, def, "", 1, {}}; }
+LayerKey added_key(const char* name, KeyType type, LayerValue def) {
+  LayerKey k = with_default(name, type, std::move(def));
+  k.hash_default = false;
+  return k;
+}
+LayerKey choice_key(const char* name, std::vector<std::string> choices) {
+  LayerKey k{name, KeyType::Choice, choices.at(0), "", 1, choices};
+  return k;
+}
 
 void require_feature_map(const LayerSpec& l) {
-  if (!l.spatial) throw LayerShapeError("needs a spatial input, but it comes after the global pool");
+  if (!l.spatial)
+    throw LayerShapeError("needs a feature map input, but it reads a per-image channel vector (the output of a "
+                          "global pool or a layer after it)");
+}
+
+namespace {
+
+const Padding kValid{PaddingMode::Valid};
+
+LayerKey window_key(const char* name, int64_t def) {
+  return {name, KeyType::Size2, std::vector<int64_t>{def, def}, "", 1};
+}
+
+// Checks a grouped conv's channels; returns cin / groups.
+int group_channels(const LayerSpec& l, int groups, int cout) {
+  if (l.in.c % groups != 0 || cout % groups != 0)
+    throw LayerShapeError(fmt::format("groups {} must divide its {} input channels and its {} filters", groups,
+                                      l.in.c, cout));
+  return l.in.c / groups;
+}
+
+LayerTraits conv_traits() {
+  LayerTraits t;
+  t.input = LayerInput::FeatureMap;
+  t.windowed = true;
+  t.backward_window = WindowUse::WeightGradient;
+  t.conv_workspace = true;
+  return t;
+}
+
+LayerTraits window_traits(WindowUse backward) {
+  LayerTraits t;
+  t.input = LayerInput::FeatureMap;
+  t.windowed = true;
+  t.backward_window = backward;
+  return t;
 }
 
 LayerKind conv2d() {
   LayerKind k{"conv2d", "Conv2D", "conv2d", {}, {}, {}};
   k.keys = {required_int("filters"),
-            with_default("kernel", KeyType::Int, int64_t(1)),
-            with_default("stride", KeyType::Int, int64_t(1)),
+            window_key("kernel", 1),
+            window_key("stride", 1),
             with_default("padding", KeyType::Padding, kValid),
-            with_default("dilation", KeyType::Int, int64_t(1)),
-            with_default("bias", KeyType::Bool, true)};
-  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+            window_key("dilation", 1),
+            with_default("bias", KeyType::Bool, true),
+            added_key("groups", KeyType::Int, int64_t(1))};
+  k.traits = conv_traits();
+  k.traits.input = LayerInput::Either;  // 1x1 on a channel vector: squeeze-excitation, ASPP's pooling branch
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
-    require_feature_map(l);
-    const int kernel = c.integer("kernel"), cout = c.integer("filters");
-    set_windows(l, kernel, c.integer("stride"), c.integer("dilation"), c.padding("padding"));
+    const std::array<int, 2> kernel = c.pair("kernel"), dilation = c.pair("dilation");
+    const int cout = c.integer("filters"), cin_g = group_channels(l, c.integer("groups"), cout);
+    if (l.spatial) {
+      set_windows(l, c, "kernel", dilation[0], dilation[1]);
+    } else {
+      const Padding& p = c.padding("padding");
+      if (kernel != std::array<int, 2>{1, 1} || c.pair("stride") != std::array<int, 2>{1, 1} ||
+          (p.mode == PaddingMode::Explicit && !(p.is_uniform() && p.top == 0)))
+        throw LayerShapeError(fmt::format("on a per-image channel vector only a 1x1 conv with stride 1 and no "
+                                          "padding applies; found kernel {}x{}, stride {}, padding {}",
+                                          kernel[0], kernel[1], describe_value(*c.find("stride")),
+                                          describe_value(p)));
+    }
     l.out = {cout, l.rows.out, l.cols.out};
-    l.weights.push_back({"kernel:0", {kernel, kernel, l.in.c, cout}, true, WeightLayout::ConvKernel,
+    l.weights.push_back({"kernel:0", {kernel[0], kernel[1], cin_g, cout}, true, WeightLayout::ConvKernel,
                          WeightInit::GlorotUniform});
     if (c.flag("bias")) l.weights.push_back({"bias:0", {cout}, true, WeightLayout::Keras, WeightInit::Zeros});
-    l.flops_per_image = 2ll * kernel * kernel * l.in.c * cout * l.out.h * l.out.w;
+    l.flops_per_image = 2ll * kernel[0] * kernel[1] * cin_g * cout * l.out.h * l.out.w;
   };
   return k;
 }
@@ -45,24 +104,23 @@ LayerKind depthwise(bool separable) {
   LayerKind k{separable ? "separable_conv2d" : "depthwise_conv2d", separable ? "SeparableConv2D" : "DepthwiseConv2D",
               separable ? "separable_conv2d" : "depthwise_conv2d", {}, {}, {}};
   if (separable) k.keys.push_back(required_int("filters"));
-  for (LayerKey key : {with_default("kernel", KeyType::Int, int64_t(1)), with_default("stride", KeyType::Int, int64_t(1)),
-                       with_default("padding", KeyType::Padding, kValid),
-                       with_default("dilation", KeyType::Int, int64_t(1)),
-                       with_default("depth_multiplier", KeyType::Int, int64_t(1)),
+  for (LayerKey key : {window_key("kernel", 1), window_key("stride", 1), with_default("padding", KeyType::Padding, kValid),
+                       window_key("dilation", 1), with_default("depth_multiplier", KeyType::Int, int64_t(1)),
                        with_default("bias", KeyType::Bool, true)})
     k.keys.push_back(key);
-  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.traits = conv_traits();
   k.shape = [separable](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);
-    const int kernel = c.integer("kernel"), m = c.integer("depth_multiplier"), inner = l.in.c * m;
-    set_windows(l, kernel, c.integer("stride"), c.integer("dilation"), c.padding("padding"));
+    const std::array<int, 2> kernel = c.pair("kernel"), dilation = c.pair("dilation");
+    const int m = c.integer("depth_multiplier"), inner = l.in.c * m;
+    set_windows(l, c, "kernel", dilation[0], dilation[1]);
     const int cout = separable ? c.integer("filters") : inner;
     l.out = {cout, l.rows.out, l.cols.out};
-    l.weights.push_back({"depthwise_kernel:0", {kernel, kernel, l.in.c, m}, true, WeightLayout::DepthwiseKernel,
+    l.weights.push_back({"depthwise_kernel:0", {kernel[0], kernel[1], l.in.c, m}, true, WeightLayout::DepthwiseKernel,
                          WeightInit::GlorotUniform});
     const int64_t pixels = int64_t(l.out.h) * l.out.w;
-    l.flops_per_image = 2ll * kernel * kernel * inner * pixels;
+    l.flops_per_image = 2ll * kernel[0] * kernel[1] * inner * pixels;
     if (separable) {
       l.weights.push_back({"pointwise_kernel:0", {1, 1, inner, cout}, true, WeightLayout::ConvKernel,
                            WeightInit::GlorotUniform});
@@ -87,23 +145,64 @@ Window1D axis_window(WindowKind kind, int in, int out, int kernel, int stride, i
   return w;
 }
 
-// upsampling2d (SPEC section 7): F.interpolate(scale_factor=size, mode=nearest or bilinear,
-// align_corners=False).
+// Nearest or bilinear (half-pixel, align_corners=False) resampling of `in` to `out` along
+// one axis; `scale` is torch's source pixels per output pixel (1/factor when a factor is
+// given, in/out for a size).
+Window1D resample_window(WindowKind kind, int in, int out, float scale, int factor) {
+  Window1D w = axis_window(kind, in, out, 1, factor, 0, 0);
+  w.scale = scale;
+  return w;
+}
+
+WindowKind interpolation_of(const LayerConfig& c) {
+  return c.choice("interpolation") == "bilinear" ? WindowKind::Bilinear : WindowKind::Nearest;
+}
+
+// The output of a resampling: a feature map, also from a channel vector (broadcast to every
+// pixel: DeepLab's ASPP pooling branch).
+void set_resampled(LayerSpec& l, int64_t h, int64_t w, const Window1D& rows, const Window1D& cols) {
+  if (h > kMaxExtent || w > kMaxExtent)
+    throw LayerShapeError(fmt::format("its output of {}x{} pixels is larger than {} per side", h, w, kMaxExtent));
+  l.rows = rows;
+  l.cols = cols;
+  l.out = {l.in.c, l.rows.out, l.cols.out};
+  l.out_spatial = true;
+  l.flops_per_image = (rows.kind == WindowKind::Bilinear ? 8 : 1) * l.out.elements();
+}
+
+// upsampling2d (SPEC sections 7, 11): F.interpolate(scale_factor=size, mode=nearest or
+// bilinear, align_corners=False); of a channel vector, the map of size [sh, sw].
 LayerKind upsampling2d() {
   LayerKind k{"upsampling2d", "UpSampling2D", "up_sampling2d", {}, {}, {}};
-  LayerKey interpolation{"interpolation", KeyType::Choice, std::string("nearest"), "", 1};
-  interpolation.choices = {"nearest", "bilinear"};
-  k.keys = {with_default("size", KeyType::Size2, std::vector<int64_t>{2, 2}), interpolation};
-  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::None, false};
+  k.keys = {with_default("size", KeyType::Size2, std::vector<int64_t>{2, 2}),
+            choice_key("interpolation", {"nearest", "bilinear"})};
+  k.traits = window_traits(WindowUse::None);
+  k.traits.input = LayerInput::Either;
   k.shape = [](LayerSpec& l) {
-    require_feature_map(l);
-    const std::vector<int64_t>& size = l.config.ints("size");
-    const WindowKind kind = l.config.choice("interpolation") == "bilinear" ? WindowKind::Bilinear : WindowKind::Nearest;
-    const int sh = int(size[0]), sw = int(size[1]);
-    l.rows = axis_window(kind, l.in.h, l.in.h * sh, 1, sh, 0, 0);
-    l.cols = axis_window(kind, l.in.w, l.in.w * sw, 1, sw, 0, 0);
-    l.out = {l.in.c, l.rows.out, l.cols.out};
-    l.flops_per_image = (kind == WindowKind::Bilinear ? 8 : 1) * l.out.elements();
+    const std::array<int, 2> f = l.config.pair("size");
+    const WindowKind kind = interpolation_of(l.config);
+    const int64_t h = int64_t(l.in.h) * f[0], w = int64_t(l.in.w) * f[1];
+    set_resampled(l, h, w, resample_window(kind, l.in.h, int(h), float(1.0 / f[0]), f[0]),
+                  resample_window(kind, l.in.w, int(w), float(1.0 / f[1]), f[1]));
+  };
+  return k;
+}
+
+// resize (SPEC section 11): F.interpolate(size=[H, W], mode=nearest or bilinear,
+// align_corners=False), any ratio; of a channel vector, the map of that size.
+LayerKind resize() {
+  LayerKind k{"resize", "Resizing", "resizing", {}, {}, {}};
+  k.keys = {{"size", KeyType::Size2, std::nullopt, "", 1, {}}, choice_key("interpolation", {"nearest", "bilinear"})};
+  k.traits = window_traits(WindowUse::None);
+  k.traits.input = LayerInput::Either;
+  k.shape = [](LayerSpec& l) {
+    const std::array<int, 2> size = l.config.pair("size");
+    const WindowKind kind = interpolation_of(l.config);
+    // torch: an integer upsampling factor where the size is one (the factor's layout in the plan).
+    auto factor = [](int in, int out) { return out % in == 0 ? out / in : 1; };
+    set_resampled(l, size[0], size[1],
+                  resample_window(kind, l.in.h, size[0], float(l.in.h) / float(size[0]), factor(l.in.h, size[0])),
+                  resample_window(kind, l.in.w, size[1], float(l.in.w) / float(size[1]), factor(l.in.w, size[1])));
   };
   return k;
 }
@@ -113,32 +212,33 @@ LayerKind upsampling2d() {
 // half), the rest at bottom/right.
 LayerKind conv2d_transpose() {
   LayerKind k{"conv2d_transpose", "Conv2DTranspose", "conv2d_transpose", {}, {}, {}};
-  k.keys = {required_int("filters"), with_default("kernel", KeyType::Int, int64_t(1)),
-            with_default("stride", KeyType::Int, int64_t(1)), with_default("padding", KeyType::Padding, kValid),
-            with_default("bias", KeyType::Bool, true)};
-  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::WeightGradient, true};
+  k.keys = {required_int("filters"), window_key("kernel", 1), window_key("stride", 1),
+            with_default("padding", KeyType::Padding, kValid), with_default("bias", KeyType::Bool, true)};
+  k.traits = conv_traits();
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);
-    const int kernel = c.integer("kernel"), stride = c.integer("stride"), cout = c.integer("filters");
+    const std::array<int, 2> kernel = c.pair("kernel"), stride = c.pair("stride");
+    const int cout = c.integer("filters");
     const Padding& padding = c.padding("padding");
     if (padding.mode == PaddingMode::Explicit)
-      throw LayerShapeError(fmt::format("padding must be valid or same; found {}", padding.value));
-    if (kernel < stride)
-      throw LayerShapeError(fmt::format("kernel {} must be at least the stride {}", kernel, stride));
+      throw LayerShapeError(fmt::format("padding must be valid or same; found {}", describe_value(padding)));
+    for (int a = 0; a < 2; ++a)
+      if (kernel[a] < stride[a])
+        throw LayerShapeError(fmt::format("kernel {} must be at least the stride {}", kernel[a], stride[a]));
     const bool same = padding.mode == PaddingMode::Same;
-    const int crop = same ? kernel - stride : 0;
-    auto window = [&](int in) {
-      return axis_window(WindowKind::Transpose, in, same ? in * stride : (in - 1) * stride + kernel, kernel, stride,
-                         crop / 2, crop - crop / 2);
+    auto window = [&](int in, int a) {
+      const int crop = same ? kernel[a] - stride[a] : 0;
+      return axis_window(WindowKind::Transpose, in, same ? in * stride[a] : (in - 1) * stride[a] + kernel[a],
+                         kernel[a], stride[a], crop / 2, crop - crop / 2);
     };
-    l.rows = window(l.in.h);
-    l.cols = window(l.in.w);
+    l.rows = window(l.in.h, 0);
+    l.cols = window(l.in.w, 1);
     l.out = {cout, l.rows.out, l.cols.out};
-    l.weights.push_back({"kernel:0", {kernel, kernel, cout, l.in.c}, true, WeightLayout::ConvKernel,
+    l.weights.push_back({"kernel:0", {kernel[0], kernel[1], cout, l.in.c}, true, WeightLayout::ConvKernel,
                          WeightInit::GlorotUniform});
     if (c.flag("bias")) l.weights.push_back({"bias:0", {cout}, true, WeightLayout::Keras, WeightInit::Zeros});
-    l.flops_per_image = 2ll * kernel * kernel * l.in.c * cout * l.in.h * l.in.w;
+    l.flops_per_image = 2ll * kernel[0] * kernel[1] * l.in.c * cout * l.in.h * l.in.w;
   };
   return k;
 }
@@ -150,7 +250,7 @@ LayerKind shift(bool crop) {
               crop ? "cropping2d" : "zero_padding2d", {}, {}, {}};
   const char* key = crop ? "cropping" : "padding";
   k.keys = {with_default(key, KeyType::Margins, std::vector<int64_t>(4, crop ? 0 : 1))};
-  k.traits = {LayerInput::FeatureMap, false, true, WindowUse::None, false};
+  k.traits = window_traits(WindowUse::None);
   k.shape = [crop, key](LayerSpec& l) {
     require_feature_map(l);
     const std::vector<int64_t>& m = l.config.ints(key);
@@ -167,168 +267,65 @@ LayerKind shift(bool crop) {
   return k;
 }
 
+// max_pool2d and avg_pool2d: floor mode by default, torch's ceil_mode on request; an
+// average divides by the taps inside the image, or (count_include_pad) inside the padded
+// image short of ceil mode's overhang, as torch.
 LayerKind pool2d(const char* type, const char* keras_class, const char* keras_prefix, WindowUse backward) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
-  k.keys = {with_default("pool", KeyType::Int, int64_t(2)), {"stride", KeyType::Int, std::nullopt, "pool", 1},
-            with_default("padding", KeyType::Padding, kValid)};
-  k.traits = {LayerInput::FeatureMap, false, true, backward, false};
+  const bool average = backward == WindowUse::None;
+  k.keys = {window_key("pool", 2), {"stride", KeyType::Size2, std::nullopt, "pool", 1},
+            with_default("padding", KeyType::Padding, kValid), added_key("ceil_mode", KeyType::Bool, false)};
+  if (average) k.keys.push_back(added_key("count_include_pad", KeyType::Bool, false));
+  k.traits = window_traits(backward);
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);
-    const int pool = c.integer("pool");
-    const Padding& padding = c.padding("padding");
-    set_windows(l, pool, c.integer("stride"), 1, padding);
-    if (padding.mode == PaddingMode::Explicit && padding.value >= l.rows.span())
-      throw LayerShapeError(fmt::format("padding {} must be smaller than the pool window {}", padding.value, pool));
+    const std::array<int, 2> pool = c.pair("pool");
+    const Padding& p = c.padding("padding");
+    set_windows(l, c, "pool", 1, 1, c.flag("ceil_mode"));
+    if (p.mode == PaddingMode::Explicit &&
+        (std::max(p.top, p.bottom) >= pool[0] || std::max(p.left, p.right) >= pool[1]))
+      throw LayerShapeError(fmt::format("padding {} must be smaller than the pool window {}x{}", describe_value(p),
+                                        pool[0], pool[1]));
     l.out = {l.in.c, l.rows.out, l.cols.out};
-    l.flops_per_image = int64_t(pool) * pool * l.out.elements();
-  };
-  return k;
-}
-
-LayerKind batch_norm() {
-  LayerKind k{"batch_norm", "BatchNormalization", "batch_normalization", {}, {}, {}};
-  // center / scale false: no beta / gamma (Keras's BatchNormalization(center=False, ...)).
-  k.keys = {with_default("momentum", KeyType::Unit, 0.99), with_default("epsilon", KeyType::Positive, 1e-3),
-            with_default("center", KeyType::Bool, true), with_default("scale", KeyType::Bool, true)};
-  // Not in the model hash: momentum and epsilon may change on resume (as before layer
-  // kinds), and a change of center or scale changes the weights, which loading refuses.
-  for (LayerKey& key : k.keys) key.in_model_hash = false;
-  k.traits.input = LayerInput::FeatureMap;
-  k.shape = [](LayerSpec& l) {
-    if (!l.spatial)
-      throw LayerShapeError("batch_norm after the global pool is not supported; put it before global_avg_pool");
-    const int64_t c = l.in.c;
-    l.out = l.in;
-    if (l.config.flag("scale")) l.weights.push_back({"gamma:0", {c}, true, WeightLayout::Keras, WeightInit::Ones});
-    if (l.config.flag("center")) l.weights.push_back({"beta:0", {c}, true, WeightLayout::Keras, WeightInit::Zeros});
-    l.weights.push_back({"moving_mean:0", {c}, false, WeightLayout::Keras, WeightInit::Zeros});
-    l.weights.push_back({"moving_variance:0", {c}, false, WeightLayout::Keras, WeightInit::Ones});
-    l.flops_per_image = 8 * l.in.elements();
-  };
-  return k;
-}
-
-// Element-wise, shape-preserving: relu, and leaky_relu, sigmoid, tanh (worker/layers.cpp's
-// ActivationLayer).
-LayerKind elementwise(const char* type, const char* keras_class, const char* keras_prefix) {
-  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
-  k.shape = [](LayerSpec& l) {
-    l.out = l.in;
-    l.flops_per_image = l.in.elements();
-  };
-  return k;
-}
-
-LayerKind leaky_relu() {
-  LayerKind k = elementwise("leaky_relu", "LeakyReLU", "leaky_re_lu");
-  k.keys = {with_default("alpha", KeyType::NonNegative, 0.3)};
-  return k;
-}
-
-LayerKind dropout() {
-  LayerKind k = elementwise("dropout", "Dropout", "dropout");
-  k.keys = {{"rate", KeyType::Unit, std::nullopt, "", 1}};
-  return k;
-}
-
-LayerKind global_pool(const char* type, const char* keras_class, const char* keras_prefix) {
-  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
-  k.traits.input = LayerInput::FeatureMap;
-  k.traits.global_pool = true;
-  k.shape = [](LayerSpec& l) {
-    if (!l.spatial) throw LayerShapeError("a second " + l.config.type() + " has no spatial input");
-    l.out = {l.in.c, 1, 1};
-    l.flops_per_image = l.in.elements();
-  };
-  return k;
-}
-
-LayerKind dense() {
-  LayerKind k{"dense", "Dense", "dense", {}, {}, {}};
-  k.keys = {required_int("units"), with_default("bias", KeyType::Bool, true)};
-  k.traits.input = LayerInput::Vector;
-  k.shape = [](LayerSpec& l) {
-    const LayerConfig& c = l.config;
-    if (l.spatial)
-      throw LayerShapeError(
-          fmt::format("dense needs a vector input; put a global_avg_pool before it (found a {}x{}x{} feature map)",
-                      l.in.h, l.in.w, l.in.c));
-    const int units = c.integer("units");
-    l.out = {units, 1, 1};
-    l.weights.push_back({"kernel:0", {l.in.c, units}, true, WeightLayout::Keras, WeightInit::GlorotUniform});
-    if (c.flag("bias")) l.weights.push_back({"bias:0", {units}, true, WeightLayout::Keras, WeightInit::Zeros});
-    l.flops_per_image = 2ll * l.in.c * units;
-  };
-  return k;
-}
-
-std::string describe_shape(const Shape3& s) { return fmt::format("{}x{}x{}", s.h, s.w, s.c); }
-
-// Joins (SPEC section 7): several inputs, at least two, named by `inputs`.
-LayerKind join(const char* type, const char* keras_class, const char* keras_prefix) {
-  LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
-  k.traits.min_inputs = 2;
-  k.traits.max_inputs = 0;
-  return k;
-}
-
-// The first input whose shape differs from the first's along what must agree.
-template <class Agree>
-void require_agreeing(const LayerSpec& l, const char* what, Agree agree) {
-  for (size_t k = 1; k < l.ins.size(); ++k)
-    if (!agree(l.ins[0], l.ins[k]))
-      throw LayerShapeError(fmt::format("{}: input '{}' is {} but input '{}' is {} (H x W x C)", what,
-                                        l.config.inputs[0], describe_shape(l.ins[0]), l.config.inputs[k],
-                                        describe_shape(l.ins[k])));
-}
-
-LayerKind add() {
-  LayerKind k = join("add", "Add", "add");
-  k.shape = [](LayerSpec& l) {
-    require_agreeing(l, "add needs inputs of one shape", [](const Shape3& a, const Shape3& b) { return a == b; });
-    l.out = l.in;
-    l.flops_per_image = int64_t(l.ins.size() - 1) * l.in.elements();
-  };
-  return k;
-}
-
-LayerKind concatenate() {
-  LayerKind k = join("concatenate", "Concatenate", "concatenate");
-  k.shape = [](LayerSpec& l) {
-    require_agreeing(l, "concatenate joins channels of maps of one size",
-                     [](const Shape3& a, const Shape3& b) { return a.h == b.h && a.w == b.w; });
-    l.out = l.in;
-    for (size_t i = 1; i < l.ins.size(); ++i) l.out.c += l.ins[i].c;
+    l.flops_per_image = int64_t(pool[0]) * pool[1] * l.out.elements();
   };
   return k;
 }
 
 }  // namespace
 
-std::vector<LayerKind> builtin_layer_kinds() {
+std::vector<LayerKind> window_kinds() {
   std::vector<LayerKind> kinds;
   kinds.push_back(conv2d());
-  kinds.push_back(batch_norm());
-  kinds.push_back(elementwise("relu", "Activation", "activation"));
   kinds.push_back(pool2d("max_pool2d", "MaxPooling2D", "max_pooling2d", WindowUse::InputGradient));
   kinds.push_back(pool2d("avg_pool2d", "AveragePooling2D", "average_pooling2d", WindowUse::None));
-  kinds.push_back(global_pool("global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d"));
-  kinds.push_back(dense());
-  kinds.push_back(leaky_relu());
-  kinds.push_back(elementwise("sigmoid", "Activation", "activation"));
-  kinds.push_back(elementwise("tanh", "Activation", "activation"));
-  kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
-  kinds.push_back(dropout());
-  kinds.push_back(add());
-  kinds.push_back(concatenate());
   kinds.push_back(depthwise(false));
   kinds.push_back(depthwise(true));
   kinds.push_back(upsampling2d());
   kinds.push_back(conv2d_transpose());
   kinds.push_back(shift(false));
   kinds.push_back(shift(true));
+  kinds.push_back(resize());
   return kinds;
+}
+
+}  // namespace kinds
+
+std::vector<LayerKind> builtin_layer_kinds() {
+  // The kinds of format 1 in their order (messages list them so), then the later ones.
+  static const char* const kFirst[] = {
+      "conv2d", "batch_norm", "relu", "max_pool2d", "avg_pool2d", "global_avg_pool", "dense", "leaky_relu",
+      "sigmoid", "tanh", "global_max_pool", "dropout", "add", "concatenate", "depthwise_conv2d", "separable_conv2d",
+      "upsampling2d", "conv2d_transpose", "zero_padding2d", "cropping2d"};
+  std::vector<LayerKind> all = kinds::window_kinds(), pixel = kinds::pixel_kinds(), ordered;
+  all.insert(all.end(), pixel.begin(), pixel.end());
+  for (const char* type : kFirst)
+    for (LayerKind& k : all)
+      if (k.type == type) ordered.push_back(k);
+  for (LayerKind& k : all)
+    if (std::find(std::begin(kFirst), std::end(kFirst), k.type) == std::end(kFirst)) ordered.push_back(k);
+  return ordered;
 }
 
 }  // namespace ht

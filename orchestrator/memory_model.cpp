@@ -83,7 +83,19 @@ LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy) 
 
 bool policy_applies(const ModelSpec& model, int layer) {
   // The last layer's output goes straight to the loss; the vector layers are tiny.
-  return layer + 1 < int(model.layers.size()) && model.layers[layer].spatial;
+  const LayerSpec& l = model.layers[layer];
+  return layer + 1 < int(model.layers.size()) && l.spatial && l.out_spatial;
+}
+
+bool policy_applies(const ShardPlan& plan, int layer) {
+  return policy_applies(plan.model, layer) && plan.layers[layer].sharded;
+}
+
+LayerPolicies uniform_policies(const ShardPlan& plan, ActivationPolicy policy) {
+  LayerPolicies p = uniform_policies(plan.model, policy);
+  for (size_t l = 0; l < p.size(); ++l)
+    if (!plan.layers[l].sharded) p[l] = ActivationPolicy::Keep;
+  return p;
 }
 
 StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan& plan, int rank) {
@@ -92,19 +104,23 @@ StepMemory::RankSizes StepMemory::sizes_of(const Config& config, const ShardPlan
   RankSizes r;
   r.input = tile_bytes(plan.owned_image(rank), m.input.c, b);
   r.conv_scratch = conv_scratch_bytes(config, plan, rank, ConvUse::Training);
-  r.targets = m.spatial_layers == L ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
+  r.targets = m.spatial_output() ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
                                     : uint64_t(b) * m.output().c * kFloat;
   if (config.parallel.backend == Backend::CPU) r.staged = r.input + r.targets;
   const int iy = plan.grid_row_of(rank), ix = plan.grid_col_of(rank);
   for (int l = 0; l < L; ++l) {
     const LayerSpec& spec = m.layers[l];
     LayerSizes z;
-    const Rect one{{0, 1}, {0, 1}};
-    z.out = tile_bytes(spec.spatial ? plan.owned_output(l, rank) : one, spec.out.c, b);
-    const Rect owned = spec.spatial ? plan.owned_input(l, rank) : one;
+    z.out = tile_bytes(plan.owned_output(l, rank), spec.out.c, b);
+    const Rect owned = plan.owned_input(l, rank);
     z.owned_in = tile_bytes(owned, spec.in.c, b);
     if (spec.inner_channels > 0) z.inner = tile_bytes(plan.owned_output(l, rank), spec.inner_channels, b);
-    for (const Shape3& in : spec.ins) z.owned_ins.push_back(tile_bytes(owned, in.c, b));
+    for (size_t k = 0; k < spec.ins.size(); ++k) {
+      const int t = spec.inputs[k];
+      z.owned_ins.push_back(tile_bytes(plan.owned_tensor(t, rank), spec.ins[k].c, b));
+      const Rect whole{{0, spec.ins[k].h}, {0, spec.ins[k].w}};
+      z.gathered.push_back(plan.layers[l].gathers && !plan.replicated[t] ? tile_bytes(whole, spec.ins[k].c, b) : 0);
+    }
     if (spec.windowed()) {
       const Rect need = plan.needed_input(l, rank);
       z.ext = tile_bytes(need, spec.in.c, b);
@@ -229,6 +245,7 @@ class StepReplay {
   }
 
   void forward(int l) {
+    for (uint64_t whole : at(l).gathered) alloc(kActivations, whole);  // Layer::gather_inputs, kept for backward
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, kActivations);
@@ -315,8 +332,17 @@ class StepReplay {
       }
     } else {
       for (size_t k = 0; k < inputs(l).size(); ++k)
-        if (makes_input_gradient(m_.layers[l], k)) alloc(kTransient, at(l).owned_ins[k]);
+        if (makes_input_gradient(m_.layers[l], k))
+          alloc(kTransient, at(l).gathered[k] ? at(l).gathered[k] : at(l).owned_ins[k]);
     }
+    // Layer::crop_to_owned: the gradient of a gathered input becomes this rank's part; then
+    // the gathered inputs go.
+    for (size_t k = 0; k < inputs(l).size(); ++k) {
+      if (!at(l).gathered[k] || !makes_input_gradient(m_.layers[l], k)) continue;
+      alloc(kTransient, at(l).owned_ins[k]);
+      release(kTransient, windowed(l) ? at(l).ext : at(l).gathered[k]);
+    }
+    for (uint64_t whole : at(l).gathered) release(kActivations, whole);
     release(kActivations, act_bytes(l + 1));  // the output (acts[l + 1])
     where_[l + 1] = Where::Freed;
     release(kTransient, dy);  // the output gradient gives way to dx

@@ -29,8 +29,11 @@ using LayerPolicies = std::vector<ActivationPolicy>;
 // Every layer that can take `policy` gets it, except that Recompute keeps the outputs of
 // strided layers and tensors with several readers as segment boundaries.
 LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy);
-// Layers whose policy may be other than Keep.
+// Layers whose policy may be other than Keep: feature maps in and out, not the last.
 bool policy_applies(const ModelSpec& model, int layer);
+// The same for a plan, whose replicated layers (the tail) keep.
+bool policy_applies(const ShardPlan& plan, int layer);
+LayerPolicies uniform_policies(const ShardPlan& plan, ActivationPolicy policy);
 
 // kConvWorkspaceLimit (kernels/device_memory.hpp) when the backend is CUDA and the model has a convolution, else 0.
 uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model);
@@ -126,8 +129,9 @@ class StepMemory {
   struct LayerSizes {
     uint64_t out = 0;        // the owned output (the next layer's input)
     uint64_t ext = 0;        // the needed input rectangle, halo included
-    uint64_t owned_in = 0;   // the owned input
-    std::vector<uint64_t> owned_ins;  // the owned part of each input (joins: several)
+    uint64_t owned_in = 0;   // the owned input, as the kernel takes it (gathered: the whole)
+    std::vector<uint64_t> owned_ins;  // this rank's part of each input (joins: several)
+    std::vector<uint64_t> gathered;   // per input: the whole of it where the layer gathers it, else 0
     uint64_t inner = 0;      // a tensor inside the layer (LayerSpec::inner_channels)
     uint64_t stage[2] = {};  // send + receive staging of the rows and the cols phase
     bool in_place = false;   // needed == owned: no extended copy

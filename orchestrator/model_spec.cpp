@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
 
+#include "kernels/geometry.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 namespace ht {
@@ -23,9 +26,7 @@ int64_t LayerSpec::param_count(bool trainable_only) const {
   return n;
 }
 
-bool ModelSpec::tensor_spatial(int t) const {
-  return t == 0 || (layers[t - 1].spatial && !layers[t - 1].kind().traits.global_pool);
-}
+bool ModelSpec::tensor_spatial(int t) const { return t == 0 || layers[t - 1].out_spatial; }
 
 bool ModelSpec::chain() const {
   for (int l = 0; l < int(layers.size()); ++l)
@@ -44,13 +45,26 @@ int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 int ceil_div(int a, int b) { return -floor_div(-a, b); }
 }  // namespace
 
+namespace {
+// The taps of image output o of a Nearest or Bilinear window (kernels/geometry.hpp, as the
+// kernels compute them).
+ResampleTaps taps_of(const Window1D& w, int o) {
+  ResampleAxis a;
+  a.out = w.out;
+  a.in = a.size = w.in;
+  a.scale = w.scale;
+  return resample_taps(w.kind == WindowKind::Nearest ? Resample::Nearest : Resample::Bilinear, a,
+                       std::clamp(o, 0, std::max(w.out - 1, 0)));
+}
+}  // namespace
+
 int Window1D::first_input(int a) const {
   switch (kind) {
     case WindowKind::Slide: return a * stride - pad_lo;
     case WindowKind::Shift: return a - pad_lo;
     case WindowKind::Transpose: return ceil_div(a + pad_lo - kernel + 1, stride);
-    case WindowKind::Nearest: return floor_div(a, stride);
-    case WindowKind::Bilinear: return floor_div(2 * a + 1 - stride, 2 * stride);  // floor((a + 0.5) / s - 0.5)
+    case WindowKind::Nearest:
+    case WindowKind::Bilinear: return taps_of(*this, a).i0;
   }
   return 0;
 }
@@ -60,37 +74,52 @@ int Window1D::end_input(int b) const {
     case WindowKind::Slide: return (b - 1) * stride - pad_lo + span();
     case WindowKind::Shift: return b - pad_lo;
     case WindowKind::Transpose: return floor_div(b - 1 + pad_lo, stride) + 1;
-    case WindowKind::Nearest: return floor_div(b - 1, stride) + 1;
-    case WindowKind::Bilinear: return floor_div(2 * (b - 1) + 1 - stride, 2 * stride) + 2;
+    case WindowKind::Nearest:
+    case WindowKind::Bilinear: {
+      const ResampleTaps t = taps_of(*this, b - 1);
+      return std::max(t.i0, t.i1) + 1;
+    }
   }
   return 0;
 }
 
-Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding) {
+Window1D make_window(int in, int kernel, int stride, int dilation, PaddingMode mode, int pad_lo, int pad_hi,
+                     bool ceil_mode) {
   Window1D w;
   w.kernel = kernel;
   w.stride = stride;
   w.dilation = dilation;
   w.in = in;
-  const int span = w.span();
-  switch (padding.mode) {
-    case PaddingMode::Valid:
-      w.out = in >= span ? (in - span) / stride + 1 : 0;
-      break;
-    case PaddingMode::Explicit:
-      w.pad_lo = w.pad_hi = padding.value;
-      w.out = in + 2 * padding.value >= span ? (in + 2 * padding.value - span) / stride + 1 : 0;
-      break;
+  const int64_t span = w.span();
+  switch (mode) {
+    case PaddingMode::Valid: pad_lo = pad_hi = 0; break;
+    case PaddingMode::Explicit: break;
     case PaddingMode::Same: {
       // TensorFlow: total = max((ceil(in/s)-1)*s + span - in, 0), the extra pixel at the end.
-      w.out = (in + stride - 1) / stride;
-      const int total = std::max((w.out - 1) * stride + span - in, 0);
-      w.pad_lo = total / 2;
-      w.pad_hi = total - w.pad_lo;
+      const int64_t out = (int64_t(in) + stride - 1) / stride;
+      const int64_t total = std::max<int64_t>((out - 1) * stride + span - in, 0);
+      pad_lo = int(total / 2);
+      pad_hi = int(total - pad_lo);
       break;
     }
   }
+  w.pad_lo = pad_lo;
+  w.pad_hi = pad_hi;
+  const int64_t padded = int64_t(in) + pad_lo + pad_hi;
+  if (padded < span) return w;  // out 0: the caller says the window does not fit
+  int64_t out = (padded - span) / stride + 1;
+  if (ceil_mode) {
+    out = (padded - span + stride - 1) / stride + 1;
+    if ((out - 1) * stride >= int64_t(in) + pad_lo) --out;  // torch: no window starts in the right padding
+    w.ceil_extra = int(std::max<int64_t>((out - 1) * stride + span - padded, 0));
+    w.pad_hi += w.ceil_extra;
+  }
+  w.out = int(std::min<int64_t>(out, std::numeric_limits<int>::max()));
   return w;
+}
+
+Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding) {
+  return make_window(in, kernel, stride, dilation, padding.mode, padding.top, padding.bottom);
 }
 
 namespace {
@@ -134,10 +163,8 @@ ModelSpec build_model_spec(const Config& config) {
   ModelSpec spec;
   spec.input = {config.model.channels, config.model.height, config.model.width};
   spec.loss = config.model.loss;
-  spec.spatial_layers = int(config.model.layers.size());
   std::map<std::string, int> counters;  // per Keras name prefix, as name_layers (config.cpp)
   std::map<std::string, int> tensor_of = {{kInputName, 0}};
-  bool vectors_seen = false;  // a layer after the global pool came already
   for (size_t i = 0; i < config.model.layers.size(); ++i) {
     LayerSpec l;
     l.config = config.model.layers[i];
@@ -157,31 +184,28 @@ ModelSpec build_model_spec(const Config& config) {
                                     max_in == min_in ? std::to_string(min_in) : fmt::format("at least {}", min_in),
                                     l.inputs.size()));
     tensor_of[l.config.name] = int(i) + 1;
-    for (int t : l.inputs) l.ins.push_back(spec.tensor_shape(t));
-    l.in = l.ins[0];
-    l.spatial = spec.tensor_spatial(l.inputs[0]);
-    for (size_t k = 1; k < l.inputs.size(); ++k)
-      if (spec.tensor_spatial(l.inputs[k]) != l.spatial)
-        throw ConfigError(fmt::format("{}: its inputs '{}' and '{}' are not both feature maps (one comes after the "
-                                      "global pool)",
-                                      where(config, l.config, i), l.config.inputs[0], l.config.inputs[k]));
-    if (l.spatial && vectors_seen)
-      throw ConfigError(fmt::format("{}: reads a feature map after a layer that works on the pooled vector; put the "
-                                    "layers on feature maps before the first layer after the global pool",
-                                    where(config, l.config, i)));
-    if (!l.spatial) {
-      if (!vectors_seen) spec.spatial_layers = int(i);
-      vectors_seen = true;
+    for (int t : l.inputs) {
+      l.ins.push_back(spec.tensor_shape(t));
+      l.ins_spatial.push_back(spec.tensor_spatial(t));
     }
-    l.rows = make_window(l.in.h, 1, 1, 1, Padding{});
-    l.cols = make_window(l.in.w, 1, 1, 1, Padding{});
+    l.in = l.ins[0];
+    l.spatial = l.ins_spatial[0];
+    l.out_spatial = l.spatial;
+    for (size_t k = 1; k < l.inputs.size(); ++k)
+      if (l.ins_spatial[k] != l.spatial && !l.kind().traits.broadcasts_vectors)
+        throw ConfigError(fmt::format("{}: its inputs '{}' and '{}' are not both feature maps (one is a per-image "
+                                      "channel vector: a global pool's output or a layer after it)",
+                                      where(config, l.config, i), l.config.inputs[0], l.config.inputs[k]));
+    l.rows = make_window(l.in.h, 1, 1, 1, PaddingMode::Valid);
+    l.cols = make_window(l.in.w, 1, 1, 1, PaddingMode::Valid);
     try {
       l.kind().shape(l);
       // The built-in kinds say this in their own words; a kind whose shape does not check
       // where it sits gets these.
       const LayerInput where_it_sits = l.kind().traits.input;
       if (where_it_sits == LayerInput::FeatureMap && !l.spatial)
-        throw LayerShapeError("needs a feature map input, but it comes after the global pool");
+        throw LayerShapeError("needs a feature map input, but it reads a per-image channel vector (the output of a "
+                              "global pool or a layer after it)");
       if (where_it_sits == LayerInput::Vector && l.spatial)
         throw LayerShapeError(
             fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
@@ -202,7 +226,7 @@ ModelSpec build_model_spec(const Config& config) {
                                     where(config, spec.layers[t - 1].config, size_t(t - 1))));
 
   const Shape3 out = spec.output();
-  const bool spatial_out = spec.spatial_layers == int(spec.layers.size());
+  const bool spatial_out = spec.spatial_output();
   switch (spec.loss) {
     case LossType::SoftmaxCrossEntropy:
       // Per pixel (SPEC section 7): K >= 2 channels at the input's size, class maps as targets.

@@ -10,6 +10,11 @@
 
 namespace ht {
 
+// The largest rows, cols or channels of a tensor, and elements of one image's tensor or of a
+// weight: what the kernels index with int and int64_t leaves room for.
+inline constexpr int64_t kMaxExtent = (int64_t(1) << 31) - 1;
+inline constexpr int64_t kMaxElements = int64_t(1) << 40;
+
 struct Shape3 {
   int c = 0, h = 0, w = 0;  // a feature map of one image; dense features are {units, 1, 1}
   int64_t elements() const { return int64_t(c) * h * w; }
@@ -23,14 +28,19 @@ enum class WindowKind {
   Shift,      // zero_padding2d, cropping2d: output o is input o - pad_lo (pad_lo < 0 crops)
   Transpose,  // conv2d_transpose: input i adds into full outputs [i*stride, i*stride + kernel),
               // whose first pad_lo and last pad_hi are cropped (padding same)
-  Nearest,    // upsampling2d: output o is input floor(o / stride)
-  Bilinear,   // upsampling2d: half-pixel source (o + 0.5) / stride - 0.5, edges clamped
+  Nearest,    // upsampling2d, resize: output o is input floor(o * scale), at most in - 1
+  Bilinear,   // upsampling2d, resize: half-pixel source (o + 0.5) * scale - 0.5, edges clamped
 };
 
 struct Window1D {
   WindowKind kind = WindowKind::Slide;
   int kernel = 1, stride = 1, dilation = 1;  // stride: the upsampling factor for the kinds that upsample
+  float scale = 1.f;  // Nearest, Bilinear: input pixels per output pixel, as the kernels take it
   int pad_lo = 0, pad_hi = 0;
+  // Ceil mode (pools): the part of pad_hi beyond the declared padding, where the last window
+  // hangs over the padded input (torch's ceil_mode); padding that count_include_pad counts
+  // stops before it.
+  int ceil_extra = 0;
   int in = 0, out = 0;
   int span() const { return dilation * (kernel - 1) + 1; }
   bool upsamples() const { return kind == WindowKind::Transpose || kind == WindowKind::Nearest || kind == WindowKind::Bilinear; }
@@ -71,9 +81,14 @@ struct LayerSpec {
   std::vector<int> inputs;  // the tensors it reads, in the order of config.inputs
   std::vector<Shape3> ins;  // their shapes
   Shape3 in, out;           // in: the first input's shape
-  // Spatial layers keep the image sharded (conv, pools, and BN/ReLU before the global
-  // pool); layers after the global pool work on replicated per-image vectors.
+  // Whether its first input is a feature map (H x W, split over the grid unless the plan
+  // gathers it), or a per-image channel vector (a global pool's output and what follows from
+  // it: the same on every shard of a sample group). `ins_spatial` says it of every input.
   bool spatial = true;
+  std::vector<bool> ins_spatial;
+  // Whether its output is a feature map; the kind's shape function sets it where the output
+  // is not like the first input (a global pool makes a vector, an upsampling of a vector a map).
+  bool out_spatial = true;
   Window1D rows, cols;  // identity windows for pointwise layers
   std::vector<WeightSpec> weights;
   int64_t flops_per_image = 0;  // forward multiply-adds x 2, for the cost model
@@ -90,19 +105,24 @@ struct ModelSpec {
   Shape3 input;
   std::vector<LayerSpec> layers;
   LossType loss = LossType::SoftmaxCrossEntropy;
-  int spatial_layers = 0;  // layers [0, spatial_layers) are spatial
   std::vector<std::vector<int>> readers;  // per tensor: the layers that read it, in order
   Shape3 output() const { return layers.empty() ? input : layers.back().out; }
   int tensors() const { return int(layers.size()) + 1; }
   const Shape3& tensor_shape(int t) const { return t == 0 ? input : layers[t - 1].out; }
-  bool tensor_spatial(int t) const;  // a feature map: the image, or before the global pool
+  bool tensor_spatial(int t) const;  // a feature map (the image, a layer's map), not a channel vector
+  bool spatial_output() const { return tensor_spatial(tensors() - 1); }  // per-pixel outputs: masks, class maps
   int last_reader(int t) const { return readers[t].empty() ? -1 : readers[t].back(); }
   // Every layer reads the one before it (and only it): the models before graphs.
   bool chain() const;
   int64_t param_count(bool trainable_only = false) const;
 };
 
-// Output size of a window along one axis for the given padding (SPEC section 5).
+// A sliding window along one axis (SPEC section 5): explicit padding pad_lo / pad_hi, or
+// TensorFlow's same, or none (valid); floor mode, or torch's ceil_mode, where a last window
+// that starts in the right padding is dropped.
+Window1D make_window(int in, int kernel, int stride, int dilation, PaddingMode mode, int pad_lo = 0, int pad_hi = 0,
+                     bool ceil_mode = false);
+// The same with a padding that is the same on both sides of this axis (its top and bottom).
 Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding);
 
 // Builds the spec from a validated config. Throws ConfigError naming the layer (and its

@@ -31,8 +31,8 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };
   uint64_t scaled = 0;
-  for (int l = 1; l < m.spatial_layers; ++l)
-    scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
+  for (int l = 1; l < int(m.layers.size()); ++l)
+    if (m.layers[l].spatial && m.layers[l].out_spatial) scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
   const uint64_t workspace = cudnn_workspace_bytes(config, model);
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
     if (res.fixed + workspace + scaled / uint64_t(s) > config.parallel.device_memory) continue;

@@ -61,7 +61,7 @@ std::string seconds_text(double s) {
 HaloWidths halo_widths(const ShardPlan& plan, int layer) {
   HaloWidths h;
   const LayerPlan& l = plan.layers.at(layer);
-  if (!l.spatial) return h;
+  if (!l.sharded || !l.input_sharded) return h;
   auto widths = [](const AxisPlan& a, int* lo, int* hi) {
     const int n = int(a.owned_in.size());
     for (int i = 0; i < n; ++i) {

@@ -51,9 +51,17 @@ struct AxisPlan {
   std::vector<int> pad_lo, pad_hi;
 };
 
+// For a layer whose output is replicated (the same on every shard of a sample group: a
+// channel vector, or a map of the gathered tail) owned_in, needed_in and owned_out are the
+// whole extents: it computes as an unsharded run would, and pad_lo / pad_hi are its
+// window's own padding.
 struct LayerPlan {
   AxisPlan rows, cols;
-  bool spatial = true;  // false: replicated layer after the global pool (no sharding)
+  bool sharded = true;        // its output is split over the grid
+  bool input_sharded = true;  // its first input is split over the grid (halos come from neighbours)
+  // Replicated, reading a split feature map: the map is gathered whole on every shard first
+  // (a flatten, the tail where maps become too small to split).
+  bool gathers = false;
 };
 
 struct ShardPlan {
@@ -63,6 +71,14 @@ struct ShardPlan {
   int shards() const { return grid_rows * grid_cols; }
   ModelSpec model;
   std::vector<LayerPlan> layers;  // one per model layer
+  // Per tensor (0 the image, l + 1 layer l's output): the same on every shard of a group
+  // (channel vectors, and the feature maps of the tail), else split over the grid.
+  std::vector<bool> replicated;
+  // The first tensor of the tail: from it on every feature map is too small to split (or
+  // follows one that is) and every layer runs replicated; -1: none.
+  int tail = -1;
+  // Per tensor, the rows / cols each shard index along that axis owns (whole when replicated).
+  std::vector<std::vector<Range>> tensor_rows, tensor_cols;
 
   // rank = group * shards() + grid_row * grid_cols + grid_col
   int group_of(int rank) const { return rank / shards(); }
@@ -73,7 +89,8 @@ struct ShardPlan {
     return group * shards() + grid_row * grid_cols + grid_col;
   }
 
-  Rect owned_input(int layer, int rank) const;   // of the layer's input
+  Rect owned_tensor(int tensor, int rank) const;  // this rank's part of a tensor (all of a replicated one)
+  Rect owned_input(int layer, int rank) const;   // of the layer's input, as its kernel takes it
   Rect needed_input(int layer, int rank) const;  // owned + halo, clamped to the image
   Rect owned_output(int layer, int rank) const;
   Rect owned_image(int rank) const { return owned_input(0, rank); }  // the data tile to read
@@ -93,12 +110,14 @@ struct GridShape {
 };
 
 // Plans `model` over a grid; `world` ranks (0: rows*cols) make world/(rows*cols) sample
-// groups. Shard borders at the coarsest spatial layer split its rows as evenly as possible
-// (the first n % P get one more), and map up through every layer by multiplying with its
-// stride, so strided windows never straddle a border. Throws ConfigError when the grid
-// cannot work: more shards than rows at some layer, a shard thinner than the halo its
-// neighbour needs, or a world not divisible by the grid, naming the layer, the sizes and
-// the largest grid along that axis that would work.
+// groups. Shard borders at the coarsest split feature map split its rows as evenly as
+// possible (the first n % P get one more), and map up through every layer by multiplying
+// with its stride, so strided windows never straddle a border. Where feature maps get
+// fewer rows or cols than the grid, the plan gathers them and the layers from there on run
+// replicated (the tail). Throws ConfigError when the grid cannot work: a shard thinner
+// than the halo its neighbour needs, borders that cannot line up, or a world not divisible
+// by the grid, naming the layer, the sizes and the largest grid along that axis that would
+// work.
 ShardPlan make_shard_plan(const ModelSpec& model, GridShape grid, int world = 0);
 
 // The largest number of shards along rows (or cols) that plans, for error messages.

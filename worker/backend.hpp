@@ -100,12 +100,42 @@ class ComputeBackend {
                                  const float* gamma, const double* host_sum_dy,
                                  const double* host_sum_dy_xhat, double count, float* dx) = 0;
 
+  // The same per (image, channel) plane p < n * c (instance and group norm; kernels/cpu/
+  // norm.hpp): host arrays of n * c, sums overwritten.
+  virtual void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                                double* host_out) = 0;
+  virtual void plane_affine(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                            const double* host_scale, const double* host_shift, float* y) = 0;
+  virtual void plane_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x,
+                                   const double* host_mean, double* host_sum_dy, double* host_sum_dy_dev) = 0;
+  virtual void plane_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x,
+                                    const double* host_mean, const double* host_k, const double* host_a,
+                                    const double* host_b, float* dx) = 0;
+
   virtual void relu_forward(size_t count, const float* x, float* y) = 0;
   virtual void relu_backward(size_t count, const float* y, const float* dy, float* dx) = 0;
-  // LeakyReLU (slope alpha), Sigmoid, Tanh; the backward reads the output y (kernels/cpu/elementwise.hpp).
-  virtual void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) = 0;
-  virtual void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                                   float* dx) = 0;
+  // The activations of kernels/activation.hpp: y = f(x); dx = dy * f'(x) from x and y.
+  virtual void activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) = 0;
+  virtual void activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                                   const float* dy, float* dx) = 0;
+  // Products (kernels/cpu/pixel.hpp): y = a * b; y = x times a factor per plane of [n, c,
+  // hw] (PerPlane: a channel vector v[n * c]; PerChannel: v[c]); host_out[p] = the sum of
+  // a * b over plane p < n * c (double), the gradient of such a factor; y = x times a
+  // factor per image of `image` elements.
+  virtual void multiply(size_t count, const float* a, const float* b, float* y) = 0;
+  virtual void multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per,
+                               float* y) = 0;
+  virtual void plane_dot(int n, int c, int64_t hw, const float* a, const float* b, double* host_out) = 0;
+  virtual void scale_images(int n, int64_t image, const float* x, const double* host_factors, float* y) = 0;
+  // Layer norm over the channels of each pixel; the backward makes dx (unless null) and
+  // the per-channel sums of dy * xhat and dy (host doubles, overwritten).
+  virtual void layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                                  const float* beta, float* y) = 0;
+  virtual void layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                                   const float* gamma, float* dx, double* host_dgamma, double* host_dbeta) = 0;
+  // [n, c, hw] <-> [n, hw, c]: a flatten in Keras's (h, w, c) order, and its gradient.
+  virtual void to_channels_last(int n, int c, int64_t hw, const float* x, float* y) = 0;
+  virtual void from_channels_last(int n, int c, int64_t hw, const float* y, float* x) = 0;
   virtual void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) = 0;
   virtual void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale,
                                    float* dx) = 0;

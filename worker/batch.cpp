@@ -65,7 +65,7 @@ BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, 
                           : purpose == DataPurpose::Predict   ? "--input"
                                                               : "--data";
   reader_ = std::make_unique<DataReader>(file, options_for(config, plan.model, purpose, key));
-  const bool spatial_out = plan.model.spatial_layers == int(plan.model.layers.size());
+  const bool spatial_out = plan.model.spatial_output();
   if (purpose != DataPurpose::Predict) {
     if (spatial_out && !reader_->has_masks())
       throw ConfigError(fmt::format(
@@ -209,7 +209,7 @@ Batch BatchSource::allocate(int b) {
                         "input tile");
   if (purpose_ != DataPurpose::Train) return batch;  // evaluation reads host_targets
   const Rect out_tile = plan_.owned_output(int(plan_.model.layers.size()) - 1, rank_);
-  if (plan_.model.spatial_layers == int(plan_.model.layers.size()))
+  if (plan_.model.spatial_output())
     batch.targets = Tensor(backend_->allocator(), b, 1, out_tile.rows.size(), out_tile.cols.size(), "target tile");
   else
     batch.targets = Tensor(backend_->allocator(), b, plan_.model.output().c, 1, 1, "targets");
@@ -221,7 +221,7 @@ void BatchSource::fill(Batch& batch, float* images, const std::vector<SampleView
   const int b = int(samples.size());
   const Rect tile = plan_.owned_image(rank_);
   const size_t image_elems = size_t(plan_.model.input.c) * tile.area();
-  const bool spatial_out = plan_.model.spatial_layers == int(plan_.model.layers.size());
+  const bool spatial_out = plan_.model.spatial_output();
   const Shape3 out = plan_.model.output();
   const Rect out_tile = plan_.owned_output(int(plan_.model.layers.size()) - 1, rank_);
   std::vector<float>& t = batch.host_targets;

@@ -40,20 +40,26 @@ std::string model_hash(const ModelSpec& model) {
   std::string text = hash_prefix(model);
   for (const LayerSpec& l : model.layers) {
     const LayerConfig& c = l.config;
-    auto get = [&](const char* key, int64_t def) {
+    // The fixed fields as format 1 wrote them: integers (a square window's one side), flags as 0/1.
+    auto get = [&](const char* key, int64_t def) -> std::string {
       const LayerValue* v = c.find(key);
-      if (v && std::holds_alternative<int64_t>(*v)) return std::get<int64_t>(*v);
-      if (v && std::holds_alternative<bool>(*v)) return int64_t(std::get<bool>(*v));
-      return def;
+      if (!v) return std::to_string(def);
+      if (const bool* b = std::get_if<bool>(v)) return std::to_string(int(*b));
+      return describe_value(*v);
     };
     const LayerValue* p = c.find("padding");
     const Padding pad = p && std::holds_alternative<Padding>(*p) ? std::get<Padding>(*p) : Padding{};
+    const std::string pad_value =
+        pad.is_uniform() ? std::to_string(pad.top) : fmt::format("{},{},{},{}", pad.top, pad.bottom, pad.left, pad.right);
     text += fmt::format(" {} {} f{} k{} s{} d{} p{}:{} b{} pool{} u{}", c.type(), c.name, get("filters", 0),
-                        get("kernel", 1), get("stride", 1), get("dilation", 1), to_string(pad.mode), pad.value,
-                        get("bias", 1) != 0, get("pool", 2), get("units", 0));
-    for (const LayerKey& key : l.kind().keys)
-      if (key.in_model_hash && std::find(kFixed.begin(), kFixed.end(), key.name) == kFixed.end())
-        text += fmt::format(" {}={}", key.name, describe_value(*c.find(key.name)));
+                        get("kernel", 1), get("stride", 1), get("dilation", 1), to_string(pad.mode), pad_value,
+                        get("bias", 1) != "0", get("pool", 2), get("units", 0));
+    for (const LayerKey& key : l.kind().keys) {
+      if (!key.in_model_hash || std::find(kFixed.begin(), kFixed.end(), key.name) != kFixed.end()) continue;
+      const LayerValue& value = *c.find(key.name);
+      if (!key.hash_default && key.default_value && value == *key.default_value) continue;
+      text += fmt::format(" {}={}", key.name, describe_value(value));
+    }
     // A layer that reads another than the one before it (graphs): which ones.
     const int index = int(&l - model.layers.data());
     if (l.inputs != std::vector<int>{index}) {

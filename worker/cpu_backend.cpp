@@ -11,6 +11,7 @@
 #include "kernels/cpu/loss.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optim.hpp"
+#include "kernels/cpu/pixel.hpp"
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/resample.hpp"
 #include "worker/backend.hpp"
@@ -162,13 +163,55 @@ class CpuBackend : public ComputeBackend {
     cpu::bn_backward_apply(n, c, hw, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
   }
 
-  void relu_forward(size_t count, const float* x, float* y) override { cpu::relu_forward(count, x, y); }
-  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override {
-    cpu::activation_forward(f, alpha, count, x, y);
+  void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean, double* out) override {
+    cpu::plane_sq_dev_sum(n, c, hw, x, mean, out);
   }
-  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                           float* dx) override {
-    cpu::activation_backward(f, alpha, count, y, dy, dx);
+  void plane_affine(int n, int c, int64_t hw, const float* x, const double* mean, const double* scale,
+                    const double* shift, float* y) override {
+    cpu::plane_affine(n, c, hw, x, mean, scale, shift, y);
+  }
+  void plane_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                           double* sum_dy, double* sum_dy_dev) override {
+    cpu::plane_backward_sums(n, c, hw, dy, x, mean, sum_dy, sum_dy_dev);
+  }
+  void plane_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                            const double* k, const double* a, const double* b, float* dx) override {
+    cpu::plane_backward_apply(n, c, hw, dy, x, mean, k, a, b, dx);
+  }
+  void relu_forward(size_t count, const float* x, float* y) override { cpu::relu_forward(count, x, y); }
+  void activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) override {
+    cpu::activation_forward(f, a, count, x, y);
+  }
+  void activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                           const float* dy, float* dx) override {
+    cpu::activation_backward(f, a, count, x, y, dy, dx);
+  }
+  void multiply(size_t count, const float* a, const float* b, float* y) override { cpu::multiply(count, a, b, y); }
+  void multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per,
+                       float* y) override {
+    cpu::multiply_planes(n, c, hw, x, v, per, y);
+  }
+  void plane_dot(int n, int c, int64_t hw, const float* a, const float* b, double* out) override {
+    cpu::plane_dot(n, c, hw, a, b, out);
+  }
+  void scale_images(int n, int64_t image, const float* x, const double* factors, float* y) override {
+    cpu::scale_images(n, image, x, factors, y);
+  }
+  void layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                          const float* beta, float* y) override {
+    cpu::layer_norm_forward(n, c, hw, x, eps, gamma, beta, y);
+  }
+  void layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                           const float* gamma, float* dx, double* dgamma, double* dbeta) override {
+    std::fill(dgamma, dgamma + c, 0.0);
+    std::fill(dbeta, dbeta + c, 0.0);
+    cpu::layer_norm_backward(n, c, hw, x, dy, eps, gamma, dx, dgamma, dbeta);
+  }
+  void to_channels_last(int n, int c, int64_t hw, const float* x, float* y) override {
+    cpu::to_channels_last(n, c, hw, x, y);
+  }
+  void from_channels_last(int n, int c, int64_t hw, const float* y, float* x) override {
+    cpu::from_channels_last(n, c, hw, y, x);
   }
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override {
     cpu::relu_backward(count, y, dy, dx);

@@ -33,7 +33,7 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   o.channels = config.model.channels;
   o.downsample = config.data.downsample;
   o.larger_ok = config.data.augment.crops();
-  const bool spatial_out = spec.spatial_layers == int(spec.layers.size());
+  const bool spatial_out = spec.spatial_output();
   if (config.model.loss == LossType::SoftmaxCrossEntropy) {
     o.expect = spatial_out ? TargetKind::Masks : TargetKind::Labels;  // per pixel: class maps
     o.classes = spec.output().c;

@@ -53,7 +53,7 @@ double roc_auc(const std::vector<double>& scores, const std::vector<int>& labels
 
 MetricsAccumulator::MetricsAccumulator(const Config& config, const ShardPlan& plan, int rank, int64_t images)
     : config_(config), plan_(plan) {
-  spatial_ = plan.model.spatial_layers == int(plan.model.layers.size());
+  spatial_ = plan.model.spatial_output();
   counts_ = spatial_ || plan.shard_of(rank) == 0;
   const auto& m = config.training.metrics;
   if (std::find(m.begin(), m.end(), Metric::AUC) != m.end()) {

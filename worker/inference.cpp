@@ -196,7 +196,7 @@ class InferenceWorker {
 void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
   const ModelSpec& m = plan_.model;
   const int L = int(m.layers.size());
-  const bool spatial = m.spatial_layers == L;
+  const bool spatial = m.spatial_output();
   const int C = m.output().c;
   const int64_t N = data.samples();
   const int b = data.micro_batch();
@@ -315,7 +315,7 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
     InferenceWorker worker(config, plan, rank, world, backend, dw, ckpt);
     BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Predict, input);
     const Shape3 o = model.output();
-    const bool spatial = model.spatial_layers == int(model.layers.size());
+    const bool spatial = model.spatial_output();
     const std::vector<int64_t> shape = spatial ? std::vector<int64_t>{source.samples(), o.h, o.w, o.c}
                                                : std::vector<int64_t>{source.samples(), o.c};
     std::unique_ptr<PredictionFile> out;

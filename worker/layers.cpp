@@ -45,24 +45,95 @@ Tensor Layer::forward(const LayerInputs& xs, ForwardMode mode) {
   if (xs.size() != spec().inputs.size())
     throw std::logic_error(fmt::format("{}: {} inputs given, the model says {}", label(), xs.size(),
                                        spec().inputs.size()));
-  // The inputs of a join share their shard (shard_plan.cpp lines them up).
-  const Rect in = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
   const int n = mode == ForwardMode::Eval ? std::max(xs[0]->n(), 1) : ctx_.local_batch;
-  for (size_t k = 0; k < xs.size(); ++k)
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const Rect in = ctx_.plan.owned_tensor(spec().inputs[k], ctx_.rank);
     check_shape(*xs[k], n, spec().ins[k].c, in.rows.size(), in.cols.size(), "input", label());
-  return forward_inputs(xs, mode);
+  }
+  if (!ctx_.plan.layers[index_].gathers) return forward_inputs(xs, mode);
+  Tensor y = forward_inputs(gather_inputs(xs), mode);
+  if (mode == ForwardMode::Eval) gathered_.clear();
+  return y;
 }
 
 std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
                                     const std::vector<bool>& need_dx) {
   check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
   if (need_dx.size() != xs.size()) throw std::logic_error(label() + ": one need_dx per input expected");
-  return backward_inputs(xs, y, dy, need_dx);
+  std::vector<Tensor> dx;
+  if (ctx_.plan.layers[index_].gathers) {
+    LayerInputs whole = xs;
+    for (size_t k = 0, g = 0; k < xs.size(); ++k)
+      if (!input_replicated(k)) whole[k] = &gathered_.at(g++);
+    dx = backward_inputs(whole, y, dy, need_dx);
+    crop_to_owned(dx);
+    gathered_.clear();
+  } else {
+    dx = backward_inputs(xs, y, dy, need_dx);
+    // A replicated input read by every shard: its gradient is the sum of theirs.
+    if (!replicated())
+      for (size_t k = 0; k < dx.size(); ++k)
+        if (input_replicated(k) && !dx[k].empty()) ctx_.group.allreduce_sum(dx[k].data(), dx[k].size());
+  }
+  // Every shard of a group computed the same weight gradients: they count once.
+  if (replicated() && !ctx_.group_leader()) zero_weight_gradients();
+  return dx;
+}
+
+void Layer::release_saved() {
+  gathered_.clear();
+  release_kept();
+}
+
+LayerInputs Layer::gather_inputs(const LayerInputs& xs) {
+  gathered_.clear();
+  gathered_.reserve(xs.size());
+  LayerInputs whole = xs;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    if (input_replicated(k)) continue;
+    const Tensor& x = *xs[k];
+    const Shape3& s = spec().ins[k];
+    const Rect own = ctx_.plan.owned_tensor(spec().inputs[k], ctx_.rank);
+    Tensor& g = gathered_.emplace_back(ctx_.backend.allocator(), x.n(), s.c, s.h, s.w, "gathered input of " + label());
+    // Each shard writes its part into zeros and the group sums them: x + 0 is exact.
+    ctx_.backend.fill_zero(g.data(), g.size());
+    ctx_.backend.unpack_rect(x.data(), x.n(), s.c, s.h, s.w, own.rows.lo, own.cols.lo, own.rows.size(),
+                             own.cols.size(), g.data(), ComputeBackend::Unpack::Overwrite);
+    ctx_.group.allreduce_sum(g.data(), g.size());
+    whole[k] = &g;
+  }
+  return whole;
+}
+
+void Layer::crop_to_owned(std::vector<Tensor>& dx) {
+  for (size_t k = 0; k < dx.size(); ++k) {
+    if (dx[k].empty() || input_replicated(k)) continue;
+    const Rect own = ctx_.plan.owned_tensor(spec().inputs[k], ctx_.rank);
+    Tensor part(ctx_.backend.allocator(), dx[k].n(), dx[k].c(), own.rows.size(), own.cols.size(),
+                "input gradient of " + label());
+    ctx_.backend.pack_rect(dx[k].data(), dx[k].n(), dx[k].c(), dx[k].h(), dx[k].w(), own.rows.lo, own.cols.lo,
+                           own.rows.size(), own.cols.size(), part.data());
+    dx[k] = std::move(part);
+  }
+}
+
+void Layer::zero_weight_gradients() {
+  for (const ParamRef& r : ctx_.params.refs())
+    if (r.layer == index_ && r.trainable) ctx_.backend.fill_zero(ctx_.params.grad(r), r.count);
+}
+
+void Layer::sum_over_image(double* values, size_t count) {
+  if (!input_replicated()) ctx_.group.allreduce_sum_host(values, count);
+}
+
+void Layer::sum_over_batch(double* values, size_t count) {
+  if (input_replicated() && !ctx_.group_leader()) std::fill(values, values + count, 0.0);
+  ctx_.world.allreduce_sum_host(values, count);
 }
 
 namespace {
-// Statistics over the batch and all shards, as BatchNorm2d in training mode; moving
-// averages as Keras.
+// Statistics over the batch and all shards, as BatchNorm2d in training mode (on a channel
+// vector: over the batch alone, each image once); moving averages as Keras.
 class BatchNormLayer : public Layer {
  public:
   using Layer::Layer;
@@ -77,11 +148,11 @@ class BatchNormLayer : public Layer {
     invstd_.assign(c, 0.0);
     std::vector<double> sq(c, 0.0);
     ctx_.backend.channel_sum(x.n(), c, hw, x.data(), mean_.data());
-    ctx_.world.allreduce_sum_host(mean_.data(), c);
+    sum_over_batch(mean_.data(), c);
     for (double& m : mean_) m /= count;
     // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
     ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
-    ctx_.world.allreduce_sum_host(sq.data(), c);
+    sum_over_batch(sq.data(), c);
     const double eps = spec().config.number("epsilon");
     for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);
     if (mode == ForwardMode::Train) update_moving_statistics(sq, count);
@@ -135,7 +206,7 @@ class BatchNormLayer : public Layer {
     if (float* b = weight_grad("beta:0")) ctx_.backend.from_host(b, dbeta.data(), c * sizeof(float));
     Tensor dx;
     if (need_dx) {
-      ctx_.world.allreduce_sum_host(sums.data(), sums.size());
+      sum_over_batch(sums.data(), sums.size());
       const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
       dx = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "input gradient of " + label());
       ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
@@ -167,30 +238,45 @@ class ReLULayer : public Layer {
   }
 };
 
-// leaky_relu, sigmoid, tanh: y = f(x); the backward reads y.
+// The activations of kernels/activation.hpp: y = f(x); the backward reads x and y.
 class ActivationLayer : public Layer {
  public:
-  ActivationLayer(const LayerContext& ctx, int index, Activation f)
-      : Layer(ctx, index), f_(f), alpha_(f == Activation::LeakyReLU ? float(spec().config.number("alpha")) : 0.f) {}
+  ActivationLayer(const LayerContext& ctx, int index, Activation f) : Layer(ctx, index), f_(f) {
+    const LayerConfig& c = spec().config;
+    switch (f) {
+      case Activation::LeakyReLU: args_.alpha = float(c.number("alpha")); break;
+      case Activation::Clip: args_ = {float(c.number("min")), float(c.number("max"))}; break;
+      case Activation::HardSigmoid: args_ = {float(c.number("alpha")), float(c.number("beta"))}; break;
+      default: break;
+    }
+  }
 
  protected:
   Tensor forward_impl(const Tensor& x, ForwardMode) override {
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "output of " + label());
-    ctx_.backend.activation_forward(f_, alpha_, x.size(), x.data(), y.data());
+    ctx_.backend.activation_forward(f_, args_, x.size(), x.data(), y.data());
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (!need_dx) return dx;
     dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
-    ctx_.backend.activation_backward(f_, alpha_, y.size(), y.data(), dy.data(), dx.data());
+    ctx_.backend.activation_backward(f_, args_, y.size(), x.data(), y.data(), dy.data(), dx.data());
     return dx;
   }
 
  private:
   Activation f_;
-  float alpha_;
+  ActivationArgs args_;
 };
+
+// gelu's form is a key of the kind.
+LayerFactory gelu_factory() {
+  return [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {
+    const bool tanh = ctx.plan.model.layers[index].config.choice("approximate") == "tanh";
+    return std::make_unique<ActivationLayer>(ctx, index, tanh ? Activation::GELUTanh : Activation::GELU);
+  };
+}
 
 // Mean over the whole image: partial sums from every shard of the sample group.
 class GlobalAvgPoolLayer : public Layer {
@@ -202,7 +288,7 @@ class GlobalAvgPoolLayer : public Layer {
   Tensor forward_impl(const Tensor& x, ForwardMode) override {
     std::vector<double> sums(size_t(x.n()) * x.c(), 0.0);
     ctx_.backend.global_avg_sum(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), sums.data());
-    ctx_.group.allreduce_sum_host(sums.data(), sums.size());
+    sum_over_image(sums.data(), sums.size());
     std::vector<float> mean(sums.size());
     for (size_t i = 0; i < sums.size(); ++i) mean[i] = float(sums[i] / pixels());
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "output of " + label());
@@ -230,7 +316,7 @@ class DropoutLayer : public Layer {
   DropoutMask mask() const {
     const StepPosition& at = *ctx_.position;
     const double rate = spec().config.number("rate");
-    const Rect r = spec().spatial ? ctx_.plan.owned_input(index_, ctx_.rank) : Rect{{0, 1}, {0, 1}};
+    const Rect r = ctx_.plan.owned_input(index_, ctx_.rank);
     DropoutMask m;
     m.key = dropout_key(at.seed, index_, at.step);
     m.first_image = at.first_image;
@@ -269,17 +355,19 @@ class GlobalMaxPoolLayer : public Layer {
   Tensor forward_impl(const Tensor& x, ForwardMode) override {
     const size_t planes = size_t(x.n()) * x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
-    const int shards = ctx_.group.size(), me = ctx_.group.rank();
+    // A replicated input (the tail) is whole on this rank: nothing to gather.
+    const bool split = !input_replicated();
+    const int shards = split ? ctx_.group.size() : 1, me = split ? ctx_.group.rank() : 0;
     std::vector<double> mine(planes), all(planes * size_t(shards), 0.0);
     ctx_.backend.global_max(x.n(), x.c(), hw, x.data(), mine.data());
     std::copy(mine.begin(), mine.end(), all.begin() + size_t(me) * planes);
-    ctx_.group.allreduce_sum_host(all.data(), all.size());
+    if (split) ctx_.group.allreduce_sum_host(all.data(), all.size());
     max_.assign(planes, -std::numeric_limits<double>::infinity());
     for (int s = 0; s < shards; ++s)
       for (size_t p = 0; p < planes; ++p) max_[p] = std::max(max_[p], all[size_t(s) * planes + p]);
     ties_.assign(planes, 0.0);
     ctx_.backend.global_max_count(x.n(), x.c(), hw, x.data(), max_.data(), ties_.data());
-    ctx_.group.allreduce_sum_host(ties_.data(), ties_.size());
+    if (split) ctx_.group.allreduce_sum_host(ties_.data(), ties_.size());
     std::vector<float> out(max_.begin(), max_.end());
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "output of " + label());
     ctx_.backend.from_host(y.data(), out.data(), out.size() * sizeof(float));
@@ -303,7 +391,7 @@ class GlobalMaxPoolLayer : public Layer {
 };
 
 // Replicated on every shard of a group (its input is the all-reduced global pool); only
-// the group leader contributes its weight gradient, so the all-reduce counts it once.
+// the group leader's weight gradient counts (Layer::backward).
 class DenseLayer : public Layer {
  public:
   using Layer::Layer;
@@ -321,10 +409,6 @@ class DenseLayer : public Layer {
     float* db = weight_grad("bias:0");
     ctx_.backend.dense_backward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), dy.data(),
                                 need_dx ? dx.data() : nullptr, dw, db);
-    if (!ctx_.group_leader()) {
-      ctx_.backend.fill_zero(dw, size_t(x.c()) * y.c());
-      if (db) ctx_.backend.fill_zero(db, size_t(y.c()));
-    }
     return dx;
   }
 };
@@ -410,6 +494,7 @@ class ConcatenateLayer : public JoinLayer {
 std::map<std::string, LayerFactory>& kernels() {
   static std::map<std::string, LayerFactory> table = [] {
     std::map<std::string, LayerFactory> t = window_layer_kernels();
+    t.merge(pixel_layer_kernels());
     t.insert({{"batch_norm", layer_factory<BatchNormLayer>()},
               {"relu", layer_factory<ReLULayer>()},
               {"global_avg_pool", layer_factory<GlobalAvgPoolLayer>()},
@@ -417,6 +502,12 @@ std::map<std::string, LayerFactory>& kernels() {
               {"leaky_relu", layer_factory<ActivationLayer>(Activation::LeakyReLU)},
               {"sigmoid", layer_factory<ActivationLayer>(Activation::Sigmoid)},
               {"tanh", layer_factory<ActivationLayer>(Activation::Tanh)},
+              {"relu6", layer_factory<ActivationLayer>(Activation::ReLU6)},
+              {"clip", layer_factory<ActivationLayer>(Activation::Clip)},
+              {"silu", layer_factory<ActivationLayer>(Activation::SiLU)},
+              {"hard_sigmoid", layer_factory<ActivationLayer>(Activation::HardSigmoid)},
+              {"hard_swish", layer_factory<ActivationLayer>(Activation::HardSwish)},
+              {"gelu", gelu_factory()},
               {"global_max_pool", layer_factory<GlobalMaxPoolLayer>()},
               {"dropout", layer_factory<DropoutLayer>()},
               {"add", layer_factory<AddLayer>()},

@@ -69,10 +69,12 @@ class Layer {
   Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
     return std::move(backward(LayerInputs{&x}, y, dy, {need_dx})[0]);
   }
-  // Drops what forward kept for backward.
-  virtual void release_saved() {}
+  // Drops what forward kept for backward (the gathered inputs too).
+  void release_saved();
 
  protected:
+  // What a kind keeps between its forward and backward, dropped.
+  virtual void release_kept() {}
   // Layers of one input implement these; joins (several inputs) the two below.
   virtual Tensor forward_impl(const Tensor& x, ForwardMode mode) = 0;
   virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
@@ -88,9 +90,25 @@ class Layer {
   float* weight_grad(const std::string& name);
   std::string label() const;  // "conv2d_1 (rank 0)" for allocation messages
   ActivationPolicy policy() const { return ctx_.policies[index_]; }
+  // Placement (orchestrator/shard_plan.hpp): whether the output is the same on every shard
+  // of the group, and whether input k is.
+  bool replicated() const { return !ctx_.plan.layers[index_].sharded; }
+  bool input_replicated(size_t k = 0) const { return ctx_.plan.replicated[spec().inputs[k]]; }
+  // Sums per-channel statistics over every image of the batch (every rank): a replicated
+  // input's images count once, its group leader's.
+  void sum_over_batch(double* values, size_t count);
+  // Sums per-image statistics over the whole image: over the shards of this rank's group
+  // when the first input is split; a replicated one is whole here already.
+  void sum_over_image(double* values, size_t count);
 
   LayerContext ctx_;
   int index_;
+
+ private:
+  LayerInputs gather_inputs(const LayerInputs& xs);  // the split ones whole, kept in gathered_
+  void crop_to_owned(std::vector<Tensor>& dx);        // the gradients of gathered inputs, this rank's part
+  void zero_weight_gradients();
+  std::vector<Tensor> gathered_;
 };
 
 // Makes the layer at `index` of the plan's model from the kernels registered for its kind.

@@ -20,7 +20,6 @@
 namespace ht {
 
 namespace {
-bool spatial_output(const ModelSpec& m) { return m.spatial_layers == int(m.layers.size()); }
 int64_t total_steps(const Config& c, int64_t samples) {
   if (c.training.steps > 0) return c.training.steps;
   return (c.training.epochs * samples + c.training.batch_size - 1) / c.training.batch_size;
@@ -171,7 +170,7 @@ Trainer::~Trainer() = default;
 double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   const ModelSpec& m = plan_.model;
   const double B = config_.training.batch_size;
-  const bool spatial = spatial_output(m);
+  const bool spatial = m.spatial_output();
   // Spatial losses average over every pixel of every image: each shard adds its pixels.
   // Vector losses are replicated on the shards of a group: only the leader adds.
   // A per-pixel softmax averages over pixels, not channels (torch's cross_entropy on [N, K, H, W]).
@@ -194,7 +193,8 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
       local = backend_->mse(y.size(), y.data(), batch.targets.data(), scale, dy.data());
       break;
   }
-  double total = (spatial || plan_.shard_of(rank_) == 0) ? local : 0.0;
+  // A split output: each shard adds its pixels; a replicated one counts its group leader's.
+  double total = (plan_.layers.back().sharded || plan_.shard_of(rank_) == 0) ? local : 0.0;
   world_->allreduce_sum_host(&total, 1);
   return total / elements;
 }

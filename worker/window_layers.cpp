@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
@@ -27,7 +28,7 @@ class WindowedLayer : public Layer {
     pad_right_ = lp.cols.pad_hi[ix];
     out_rect_ = ctx.plan.owned_output(index, ctx.rank);
   }
-  void release_saved() override { ext_.release(); }
+  void release_kept() override { ext_.release(); }
 
  protected:
   // Under keep the extended input waits for backward when the backward reads it (the
@@ -101,7 +102,7 @@ class Conv2DLayer : public WindowedLayer {
     g.hin = in.h();
     g.win = in.w();
     g.cout = depthwise_ ? in.c() * s.config.integer("depth_multiplier") : s.out.c;
-    g.groups = depthwise_ ? in.c() : 1;
+    g.groups = depthwise_ ? in.c() : s.config.integer("groups");
     set_window(g);
     g.dil_h = s.rows.dilation;
     g.dil_w = s.cols.dilation;
@@ -285,7 +286,7 @@ class ResampleLayer : public WindowedLayer {
       a.in = in.size();
       a.i0 = in.lo;
       a.size = w.in;
-      a.factor = w.stride;
+      a.scale = w.scale;
       a.shift = w.pad_lo;
       return a;
     };
@@ -323,6 +324,12 @@ class PoolLayer : public WindowedLayer {
     g.hin = in.h();
     g.win = in.w();
     set_window(g);
+    if (!is_max() && spec().config.flag("count_include_pad")) {  // the declared padding, not ceil mode's overhang
+      g.count_top = pad_top_;
+      g.count_bottom = std::max(0, pad_bottom_ - spec().rows.ceil_extra);
+      g.count_left = pad_left_;
+      g.count_right = std::max(0, pad_right_ - spec().cols.ceil_extra);
+    }
     return g;
   }
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
@@ -368,6 +375,7 @@ std::map<std::string, LayerFactory> window_layer_kernels() {
           {"max_pool2d", layer_factory<PoolLayer>(PoolOp::Max)},
           {"avg_pool2d", layer_factory<PoolLayer>(PoolOp::Average)},
           {"upsampling2d", layer_factory<ResampleLayer>()},
+          {"resize", layer_factory<ResampleLayer>()},
           {"zero_padding2d", layer_factory<ResampleLayer>()},
           {"cropping2d", layer_factory<ResampleLayer>()}};
 }

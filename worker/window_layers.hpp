@@ -1,5 +1,5 @@
-// The kernels of the windowed layer kinds (window_layers.cpp), for layers.cpp's table, and
-// the factory both files make layers with.
+// The kernels of the windowed layer kinds (window_layers.cpp) and of the newer pointwise
+// ones (pixel_layers.cpp), for layers.cpp's table, and the factory they make layers with.
 #pragma once
 
 #include <map>
@@ -19,7 +19,12 @@ LayerFactory layer_factory(Args... args) {
 }
 
 // conv2d, depthwise_conv2d, separable_conv2d, conv2d_transpose, max_pool2d, avg_pool2d,
-// upsampling2d, zero_padding2d, cropping2d.
+// upsampling2d, resize, zero_padding2d, cropping2d.
 std::map<std::string, LayerFactory> window_layer_kernels();
+
+// The kinds of SPEC section 11 that are not windowed (pixel_layers.cpp): multiply,
+// layer_norm, scale, drop_path, flatten, channel_shuffle, channel_slice, instance_norm,
+// group_norm.
+std::map<std::string, LayerFactory> pixel_layer_kernels();
 
 }  // namespace ht

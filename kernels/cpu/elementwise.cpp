@@ -5,6 +5,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace ht::cpu {
 
@@ -28,46 +29,66 @@ void relu_backward(size_t n, const T* y, const T* dy, T* dx) {
   }
 }
 
-template <class T>
-void activation_forward(Activation f, double alpha, size_t n, const T* x, T* y) {
-  const T a = T(alpha);
-  switch (f) {
-    case Activation::LeakyReLU:
+namespace {
+
+// One activation's loops, its switch folded away (kernels/activation.hpp says what each
+// computes). Those with transcendental functions are not `simd`: a vectorised exp would
+// round differently from the scalar one.
+template <Activation F>
+constexpr bool algebraic() {
+  return F == Activation::LeakyReLU || F == Activation::ReLU6 || F == Activation::Clip ||
+         F == Activation::HardSigmoid || F == Activation::HardSwish;
+}
+
+template <Activation F, class T>
+void forward_loop(ActivationArgs a, size_t n, const T* x, T* y) {
+  if constexpr (algebraic<F>()) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : a * x[i];
-      return;
-    case Activation::Sigmoid:
+    for (size_t i = 0; i < n; ++i) y[i] = activation_value(F, a, x[i]);
+  } else {
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) {
-        // exp of a non-positive argument only: no overflow for large |x|.
-        const T e = std::exp(-std::abs(x[i]));
-        y[i] = x[i] >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);
-      }
-      return;
-    case Activation::Tanh:
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
-      return;
+    for (size_t i = 0; i < n; ++i) y[i] = activation_value(F, a, x[i]);
   }
 }
 
-template <class T>
-void activation_backward(Activation f, double alpha, size_t n, const T* y, const T* dy, T* dx) {
-  const T a = T(alpha);
-  switch (f) {
-    case Activation::LeakyReLU:
+template <Activation F, class T>
+void backward_loop(ActivationArgs a, size_t n, const T* x, const T* y, const T* dy, T* dx) {
+  if constexpr (F != Activation::SiLU && F != Activation::GELU && F != Activation::GELUTanh) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : a * dy[i];
-      return;
-    case Activation::Sigmoid:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]);
-      return;
-    case Activation::Tanh:
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-      for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]);
-      return;
+    for (size_t i = 0; i < n; ++i) dx[i] = activation_gradient(F, a, x[i], y[i], dy[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (size_t i = 0; i < n; ++i) dx[i] = activation_gradient(F, a, x[i], y[i], dy[i]);
   }
+}
+
+// Calls body.template operator()<F>() with the activation as a constant.
+template <class Body>
+void dispatch(Activation f, Body body) {
+  switch (f) {
+    case Activation::LeakyReLU: return body(std::integral_constant<Activation, Activation::LeakyReLU>());
+    case Activation::Sigmoid: return body(std::integral_constant<Activation, Activation::Sigmoid>());
+    case Activation::Tanh: return body(std::integral_constant<Activation, Activation::Tanh>());
+    case Activation::ReLU6: return body(std::integral_constant<Activation, Activation::ReLU6>());
+    case Activation::Clip: return body(std::integral_constant<Activation, Activation::Clip>());
+    case Activation::SiLU: return body(std::integral_constant<Activation, Activation::SiLU>());
+    case Activation::HardSigmoid: return body(std::integral_constant<Activation, Activation::HardSigmoid>());
+    case Activation::HardSwish: return body(std::integral_constant<Activation, Activation::HardSwish>());
+    case Activation::GELU: return body(std::integral_constant<Activation, Activation::GELU>());
+    case Activation::GELUTanh: return body(std::integral_constant<Activation, Activation::GELUTanh>());
+  }
+}
+
+}  // namespace
+
+template <class T>
+void activation_forward(Activation f, ActivationArgs a, size_t n, const T* x, T* y) {
+  dispatch(f, [&](auto F) { forward_loop<decltype(F)::value>(a, n, x, y); });
+}
+
+template <class T>
+void activation_backward(Activation f, ActivationArgs a, size_t n, const T* x, const T* y, const T* dy, T* dx) {
+  dispatch(f, [&](auto F) { backward_loop<decltype(F)::value>(a, n, x, y, dy, dx); });
 }
 
 template <class T>
@@ -208,8 +229,8 @@ void unpack_add_rect(const T* packed, int n, int c, int dst_h, int dst_w, int ro
 #define HT_EW_INST(T)                                                                 \
   template void relu_forward<T>(size_t, const T*, T*);                                \
   template void relu_backward<T>(size_t, const T*, const T*, T*);                     \
-  template void activation_forward<T>(Activation, double, size_t, const T*, T*);       \
-  template void activation_backward<T>(Activation, double, size_t, const T*, const T*, T*); \
+  template void activation_forward<T>(Activation, ActivationArgs, size_t, const T*, T*); \
+  template void activation_backward<T>(Activation, ActivationArgs, size_t, const T*, const T*, const T*, T*); \
   template void global_avg_sum<T>(int, int, long, const T*, double*);                 \
   template void global_avg_backward<T>(int, int, long, const T*, double, T*);         \
   template void global_max<T>(int, int, long, const T*, double*);                     \

@@ -15,13 +15,12 @@ void relu_forward(size_t n, const T* x, T* y);
 template <class T>
 void relu_backward(size_t n, const T* y, const T* dy, T* dx);
 
-// y = f(x) for LeakyReLU (slope alpha), Sigmoid, Tanh.
+// y = f(x) (kernels/activation.hpp: activation_value).
 template <class T>
-void activation_forward(Activation f, double alpha, size_t n, const T* x, T* y);
-// dx = dy * f'(x), from the output y alone: LeakyReLU dy where y > 0, else alpha * dy (as
-// torch, alpha at 0); Sigmoid dy * y * (1 - y); Tanh dy * (1 - y * y). dx may alias dy.
+void activation_forward(Activation f, ActivationArgs a, size_t n, const T* x, T* y);
+// dx = dy * f'(x) from the input x and output y (activation_gradient). dx may alias dy.
 template <class T>
-void activation_backward(Activation f, double alpha, size_t n, const T* y, const T* dy, T* dx);
+void activation_backward(Activation f, ActivationArgs a, size_t n, const T* x, const T* y, const T* dy, T* dx);
 
 // sums[i] += sum over hw of x[i], i < n*c (the caller divides by the global H*W).
 template <class T>

@@ -116,6 +116,80 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
   }
 }
 
+template <class T>
+void plane_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const T* xp = x + size_t(p) * hw;
+    const T m = T(mean[p]);
+    double acc = 0;
+    for (long i0 = 0; i0 < hw; i0 += kBlock) {
+      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (long i = i0; i < i1; ++i) s += (xp[i] - m) * (xp[i] - m);
+      acc += double(s);
+    }
+    out[p] = acc;
+  }
+}
+
+template <class T>
+void plane_affine(int n, int c, long hw, const T* x, const double* mean, const double* scale, const double* shift,
+                  T* y) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const T m = T(mean[p]), s = T(scale[p]), b = T(shift[p]);
+    const T* xp = x + size_t(p) * hw;
+    T* yp = y + size_t(p) * hw;
+#pragma omp simd
+    for (long i = 0; i < hw; ++i) yp[i] = (xp[i] - m) * s + b;
+  }
+}
+
+template <class T>
+void plane_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean, double* sum_dy,
+                         double* sum_dy_dev) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const T* dp = dy + size_t(p) * hw;
+    const T* xp = x + size_t(p) * hw;
+    const T m = T(mean[p]);
+    double a = 0, b = 0;
+    for (long i0 = 0; i0 < hw; i0 += kBlock) {
+      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+      T s = 0, sx = 0;
+#pragma omp simd reduction(+ : s, sx)
+      for (long i = i0; i < i1; ++i) {
+        s += dp[i];
+        sx += dp[i] * (xp[i] - m);
+      }
+      a += double(s);
+      b += double(sx);
+    }
+    sum_dy[p] = a;
+    sum_dy_dev[p] = b;
+  }
+}
+
+template <class T>
+void plane_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean, const double* k,
+                          const double* a, const double* b, T* dx) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const T tk = T(k[p]), ta = T(a[p]), tb = T(b[p]), m = T(mean[p]);
+    const T* dp = dy + size_t(p) * hw;
+    const T* xp = x + size_t(p) * hw;
+    T* out = dx + size_t(p) * hw;
+#pragma omp simd
+    for (long i = 0; i < hw; ++i) out[i] = tk * dp[i] + ta * (xp[i] - m) + tb;
+  }
+}
+
 #define HT_NORM_INST(T)                                                                     \
   template void channel_sum<T>(int, int, long, const T*, double*);                          \
   template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);    \
@@ -125,7 +199,12 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
                                     const double*, double*, double*);                       \
   template void bn_backward_apply<T>(int, int, long, const T*, const T*, const double*,     \
                                      const double*, const T*, const double*, const double*, \
-                                     double, T*);
+                                     double, T*);                                           \
+  template void plane_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);      \
+  template void plane_affine<T>(int, int, long, const T*, const double*, const double*, const double*, T*); \
+  template void plane_backward_sums<T>(int, int, long, const T*, const T*, const double*, double*, double*); \
+  template void plane_backward_apply<T>(int, int, long, const T*, const T*, const double*, const double*,   \
+                                        const double*, const double*, T*);
 HT_NORM_INST(float)
 HT_NORM_INST(double)
 #undef HT_NORM_INST

@@ -30,4 +30,23 @@ void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const dou
                        const double* invstd, const T* gamma, const double* sum_dy,
                        const double* sum_dy_xhat, double count, T* dx);
 
+// The same pieces per (image, channel) plane p < n * c, for the normalisations whose
+// statistics are per image (instance and group norm); the caller turns plane sums into
+// group statistics and per-plane coefficients. Sums are overwritten.
+// out[p] = sum over plane p of (x - mean[p])^2.
+template <class T>
+void plane_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out);
+// y = (x - mean[p]) * scale[p] + shift[p].
+template <class T>
+void plane_affine(int n, int c, long hw, const T* x, const double* mean, const double* scale, const double* shift,
+                  T* y);
+// sum_dy[p] = sum dy; sum_dy_dev[p] = sum dy * (x - mean[p]).
+template <class T>
+void plane_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean, double* sum_dy,
+                         double* sum_dy_dev);
+// dx = k[p] * dy + a[p] * (x - mean[p]) + b[p].
+template <class T>
+void plane_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean, const double* k,
+                          const double* a, const double* b, T* dx);
+
 }  // namespace ht::cpu

@@ -24,6 +24,9 @@ void validate(const PoolGeom& g) {
   need(g.kh > 0 && g.kw > 0 && g.stride_h > 0 && g.stride_w > 0, "window and stride must be > 0");
   need(g.pad_top >= 0 && g.pad_bottom >= 0 && g.pad_left >= 0 && g.pad_right >= 0,
        "padding must be >= 0");
+  need(g.count_top >= 0 && g.count_top <= g.pad_top && g.count_bottom >= 0 && g.count_bottom <= g.pad_bottom &&
+           g.count_left >= 0 && g.count_left <= g.pad_left && g.count_right >= 0 && g.count_right <= g.pad_right,
+       "counted padding must be within the padding");
   need(g.hin + g.pad_top + g.pad_bottom >= g.kh && g.win + g.pad_left + g.pad_right >= g.kw,
        "window larger than the padded input");
 }
@@ -364,7 +367,7 @@ void avg_pool_forward(const PoolGeom& g, const T* x, T* y) {
     for (int oh = 0; oh < ho; ++oh)
       for (int ow = 0; ow < wo; ++ow) {
         const Window w = window(g, oh, ow);
-        const int count = std::max(0, w.h1 - w.h0) * std::max(0, w.w1 - w.w0);
+        const int count = pool_divisor(g, oh, ow);
         T s = 0;
         for (int h = w.h0; h < w.h1; ++h)
           for (int c = w.w0; c < w.w1; ++c) s += xp[size_t(h) * g.win + c];
@@ -387,8 +390,8 @@ void avg_pool_backward(const PoolGeom& g, const T* dy, T* dx) {
     for (int oh = 0; oh < ho; ++oh)
       for (int ow = 0; ow < wo; ++ow) {
         const Window w = window(g, oh, ow);
-        const int count = std::max(0, w.h1 - w.h0) * std::max(0, w.w1 - w.w0);
-        if (count == 0) continue;
+        const int count = pool_divisor(g, oh, ow);
+        if (count == 0 || w.h0 >= w.h1 || w.w0 >= w.w1) continue;
         const T v = dyp[oh * wo + ow] / T(count);
         for (int h = w.h0; h < w.h1; ++h)
           for (int c = w.w0; c < w.w1; ++c) dxp[size_t(h) * g.win + c] += v;

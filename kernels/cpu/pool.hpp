@@ -1,4 +1,5 @@
-// Max and average pooling on NCHW tensors, floor mode, asymmetric padding.
+// Max and average pooling on NCHW tensors, asymmetric padding (ceil mode is padding
+// beyond the declared one, which never wins a max nor counts in an average).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +21,8 @@ void max_pool_forward(const PoolGeom& g, const T* x, T* y);
 template <class T>
 void max_pool_backward(const PoolGeom& g, const T* x, const T* dy, T* dx);
 
-// Average over the window's elements inside the image (count_include_pad=False).
+// Average over the window's elements inside the image, divided by pool_divisor (the taps
+// inside the image, and the padding that counts: count_include_pad).
 template <class T>
 void avg_pool_forward(const PoolGeom& g, const T* x, T* y);
 template <class T>

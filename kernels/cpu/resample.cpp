@@ -25,7 +25,7 @@ void validate(const ResampleGeom& g) {
   };
   need(g.n > 0 && g.c > 0, "sizes must be > 0");
   for (const ResampleAxis* a : {&g.rows, &g.cols}) {
-    need(a->out > 0 && a->in > 0 && a->size > 0 && a->factor > 0, "sizes must be > 0");
+    need(a->out > 0 && a->in > 0 && a->size > 0 && a->scale > 0.f, "sizes must be > 0");
     for (int o = 0; o < a->out; ++o) {
       const ResampleTaps t = resample_taps(g.mode, *a, o);
       need(inside(t.i0, a->in) && inside(t.i1, a->in),

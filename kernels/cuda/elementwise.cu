@@ -26,28 +26,15 @@ __global__ void relu_backward_kernel(size_t count, const float* y, const float* 
   HT_GRID_STRIDE(i, count) dx[i] = y[i] <= 0.f ? 0.f : dy[i];  // torch's threshold_backward
 }
 
-__global__ void activation_forward_kernel(Activation f, float alpha, size_t count, const float* x, float* y) {
-  HT_GRID_STRIDE(i, count) {
-    const float v = x[i];
-    if (f == Activation::LeakyReLU) {
-      y[i] = v > 0.f ? v : alpha * v;
-    } else if (f == Activation::Sigmoid) {
-      const float e = expf(-fabsf(v));
-      y[i] = v >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-    } else {
-      y[i] = tanhf(v);
-    }
-  }
+// kernels/activation.hpp in float, as the CPU reference; f is the same for every thread.
+__global__ void activation_forward_kernel(Activation f, ActivationArgs a, size_t count, const float* x, float* y) {
+  HT_GRID_STRIDE(i, count) y[i] = activation_value(f, a, x[i]);
 }
 
-__global__ void activation_backward_kernel(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                                           float* dx) {
-  HT_GRID_STRIDE(i, count) {
-    const float v = y[i], d = dy[i];
-    if (f == Activation::LeakyReLU) dx[i] = v > 0.f ? d : alpha * d;
-    else if (f == Activation::Sigmoid) dx[i] = d * v * (1.f - v);
-    else dx[i] = d * (1.f - v * v);
-  }
+// dx may alias dy: each element is read before it is written, by the same thread.
+__global__ void activation_backward_kernel(Activation f, ActivationArgs a, size_t count, const float* x,
+                                           const float* y, const float* dy, float* dx) {
+  HT_GRID_STRIDE(i, count) dx[i] = activation_gradient(f, a, x[i], y[i], dy[i]);
 }
 
 __global__ void dropout_kernel(DropoutMask m, int c, int h, int w, size_t count, const float* x, float* y) {
@@ -125,15 +112,16 @@ void launch_dropout_apply(const DropoutMask& m, int n, int c, int h, int w, cons
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) {
+void launch_activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) {
   if (!count) return;
-  activation_forward_kernel<<<grid_for(count), kThreads>>>(f, alpha, count, x, y);
+  activation_forward_kernel<<<grid_for(count), kThreads>>>(f, a, count, x, y);
   CUDA_CHECK_LAUNCH();
 }
 
-void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx) {
+void launch_activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                                const float* dy, float* dx) {
   if (!count) return;
-  activation_backward_kernel<<<grid_for(count), kThreads>>>(f, alpha, count, y, dy, dx);
+  activation_backward_kernel<<<grid_for(count), kThreads>>>(f, a, count, x, y, dy, dx);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,8 +27,10 @@ void launch_plane_count_equal(int planes, int64_t hw, const float* x, const doub
 void launch_global_max_backward(int planes, int64_t hw, const float* x, const double* maxes, const double* grads,
                                 float* dx);
 void launch_dropout_apply(const DropoutMask& m, int n, int c, int h, int w, const float* x, float* y);
-void launch_activation_forward(Activation f, float alpha, size_t count, const float* x, float* y);
-void launch_activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy, float* dx);
+// kernels/activation.hpp's activation_value and activation_gradient; dx may alias dy.
+void launch_activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y);
+void launch_activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                                const float* dy, float* dx);
 // Rectangles of `planes` planes [h, w] <-> packed [planes, rows, cols]. Also used to pad
 // (unpack into a zeroed larger buffer) and crop (pack out of one) for cuDNN.
 void launch_pack_rect(const float* src, int planes, int h, int w, int row0, int col0, int rows, int cols,
@@ -42,8 +44,25 @@ void launch_resample_backward(const ResampleGeom& g, const float* dy, float* dx)
 // dx[p, i] = dy[p] * scale for every plane p of hw elements.
 void launch_broadcast_planes(int planes, int64_t hw, const float* dy, double scale, float* dx);
 
-// pool.cu: floor mode, asymmetric padding; max ignores padding, avg divides by the count
-// of in-image taps (PyTorch count_include_pad=False).
+// pixel.cu (kernels/cpu/pixel.hpp): y = a * b; y = x * v[p] (PerPlane) or v[p % c]
+// (PerChannel) for planes p of [n, c, hw]; y = x * float(factors[i]) for n images of
+// `image` elements (factors: device doubles).
+void launch_multiply(size_t count, const float* a, const float* b, float* y);
+void launch_multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per, float* y);
+void launch_scale_images(int n, int64_t image, const float* x, const double* factors, float* y);
+// Layer norm over the c channels of each pixel; gamma and beta may be null (1 and 0). The
+// backward writes dx unless null and, per block of pixels, partials [2][c][blocks] of the
+// sums of dy * xhat (dgamma) and dy (dbeta); blocks = layer_norm_blocks(n, hw).
+void launch_layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                               const float* beta, float* y);
+int layer_norm_blocks(int n, int64_t hw);
+void launch_layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                                const float* gamma, float* dx, double* partials);
+// n images of [rows, cols] -> [cols, rows]: [n, c, hw] <-> [n, hw, c].
+void launch_transpose(int n, int64_t rows, int64_t cols, const float* in, float* out);
+
+// pool.cu: asymmetric padding; max ignores padding, avg divides by pool_divisor (the
+// in-image taps and the padding that counts).
 void launch_max_pool_forward(const PoolGeom& g, const float* x, float* y);
 void launch_max_pool_backward(const PoolGeom& g, const float* x, const float* dy, float* dx);
 void launch_avg_pool_forward(const PoolGeom& g, const float* x, float* y);
@@ -60,6 +79,13 @@ void launch_channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const d
 void launch_bn_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
                              const double* invstd, int blocks, double* partials);
 void launch_plane_sum(int planes, int64_t hw, const float* x, int blocks, double* partials);
+// Per plane: the sum of a * b; of (x - mean[p])^2; and partials [2][planes][blocks] of dy
+// and dy * (x - mean[p]) (instance and group norm; mean: device doubles per plane).
+void launch_plane_dot(int planes, int64_t hw, const float* a, const float* b, int blocks, double* partials);
+void launch_plane_sq_dev_sum(int planes, int64_t hw, const float* x, const double* mean, int blocks,
+                             double* partials);
+void launch_plane_backward_sums(int planes, int64_t hw, const float* dy, const float* x, const double* mean,
+                                int blocks, double* partials);
 // out[s] = float(sum of partials of segment s, in order).
 void launch_finish_sums(int segments, int blocks, const double* partials, float* out);
 
@@ -69,6 +95,12 @@ void launch_bn_forward_apply(int n, int c, int64_t hw, const float* x, const dou
 void launch_bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
                               const double* invstd, const float* gamma, const double* sum_dy,
                               const double* sum_dy_xhat, double count, float* dx);
+// Per plane p: y = (x - mean[p]) * scale[p] + shift[p]; dx = k[p] * dy + a[p] * (x -
+// mean[p]) + b[p] (device doubles per plane).
+void launch_plane_affine(int planes, int64_t hw, const float* x, const double* mean, const double* scale,
+                         const double* shift, float* y);
+void launch_plane_backward_apply(int planes, int64_t hw, const float* dy, const float* x, const double* mean,
+                                 const double* k, const double* a, const double* b, float* dx);
 
 // dense.cu: y = x W + b with W (in, out), row-major; sums in double.
 void launch_dense_forward(int n, int in, int out, const float* x, const float* w, const float* b, float* y);

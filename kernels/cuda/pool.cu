@@ -34,10 +34,7 @@ __device__ inline int64_t window_argmax(const PoolGeom& g, const float* plane, i
   return at;
 }
 
-__device__ inline int window_count(const PoolGeom& g, int oh, int ow) {
-  const int h0 = oh * g.stride_h - g.pad_top, w0 = ow * g.stride_w - g.pad_left;
-  return max(0, min(h0 + g.kh, g.hin) - max(h0, 0)) * max(0, min(w0 + g.kw, g.win) - max(w0, 0));
-}
+__device__ inline int window_count(const PoolGeom& g, int oh, int ow) { return pool_divisor(g, oh, ow); }
 
 __global__ void max_pool_forward_kernel(PoolGeom g, int ho, int wo, const float* x, float* y) {
   const int64_t total = int64_t(g.n) * g.c * ho * wo;

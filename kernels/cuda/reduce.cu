@@ -50,6 +50,41 @@ struct PlaneSum {
   __device__ void operator()(int s, int64_t e, double* acc) const { acc[0] += x[int64_t(s) * hw + e]; }
 };
 
+// a * b per plane: the float product is exact in double.
+struct PlaneDot {
+  int64_t hw;
+  const float* a;
+  const float* b;
+  __device__ void operator()(int s, int64_t e, double* acc) const {
+    const int64_t i = int64_t(s) * hw + e;
+    acc[0] += double(a[i]) * double(b[i]);
+  }
+};
+
+// The per-plane batch-norm pieces (instance and group norm): mean[s] is plane s's.
+struct PlaneSqDev {
+  int64_t hw;
+  const float* x;
+  const double* mean;
+  __device__ void operator()(int s, int64_t e, double* acc) const {
+    const double d = double(x[int64_t(s) * hw + e]) - mean[s];
+    acc[0] += d * d;
+  }
+};
+
+struct PlaneBackwardSums {
+  int64_t hw;
+  const float* dy;
+  const float* x;
+  const double* mean;
+  __device__ void operator()(int s, int64_t e, double* acc) const {
+    const int64_t i = int64_t(s) * hw + e;
+    const double g = dy[i];
+    acc[0] += g;
+    acc[1] += g * (double(x[i]) - mean[s]);
+  }
+};
+
 // One block per plane: a strided scan, then a tree in shared memory.
 __global__ void plane_max_kernel(int64_t hw, const float* x, double* out) {
   __shared__ float best[kThreads];
@@ -141,6 +176,20 @@ void launch_global_max_backward(int planes, int64_t hw, const float* x, const do
 
 void launch_plane_sum(int planes, int64_t hw, const float* x, int blocks, double* partials) {
   segment_reduce<1>(planes, hw, blocks, PlaneSum{hw, x}, partials);
+}
+
+void launch_plane_dot(int planes, int64_t hw, const float* a, const float* b, int blocks, double* partials) {
+  segment_reduce<1>(planes, hw, blocks, PlaneDot{hw, a, b}, partials);
+}
+
+void launch_plane_sq_dev_sum(int planes, int64_t hw, const float* x, const double* mean, int blocks,
+                             double* partials) {
+  segment_reduce<1>(planes, hw, blocks, PlaneSqDev{hw, x, mean}, partials);
+}
+
+void launch_plane_backward_sums(int planes, int64_t hw, const float* dy, const float* x, const double* mean,
+                                int blocks, double* partials) {
+  segment_reduce<2>(planes, hw, blocks, PlaneBackwardSums{hw, dy, x, mean}, partials);
 }
 
 void launch_finish_sums(int segments, int blocks, const double* partials, float* out) {

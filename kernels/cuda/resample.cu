@@ -17,12 +17,14 @@ __device__ void candidates(Resample mode, const ResampleAxis& a, int i, int* lo,
   int first, last;  // image outputs
   if (mode == Resample::Shift) {
     first = last = I + a.shift;
-  } else if (mode == Resample::Nearest) {
-    first = I * a.factor;
-    last = first + a.factor - 1;
   } else {
-    first = (I - 1) * a.factor;
-    last = (I + 2) * a.factor;
+    // A superset of the outputs whose source lies within a pixel or two of I (tap_weight
+    // picks the ones that read it): O * scale near I means O near I / scale.
+    const float inv = 1.f / a.scale;
+    const int reach = mode == Resample::Nearest ? 1 : 2;
+    first = int(floorf(float(I - reach) * inv)) - 2;
+    last = int(ceilf(float(I + reach + 1) * inv)) + 2;
+    if (I == a.size - 1) last = a.o0 + a.out;  // nearest clamps every output past the end to the last input
   }
   *lo = max(first - a.o0, 0);
   *hi = min(last - a.o0 + 1, a.out);

@@ -63,7 +63,6 @@ inline ModelSpec halo_model(int h, int w) {
     s = ls.out;
     m.layers.push_back(ls);
   }
-  m.spatial_layers = int(m.layers.size());
   m.readers.resize(m.layers.size() + 1);
   for (size_t l = 0; l < m.layers.size(); ++l) m.readers[l] = {int(l)};
   return m;

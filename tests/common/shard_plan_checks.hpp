@@ -48,7 +48,6 @@ inline ModelSpec make_model(int h, int w, int c, std::vector<LayerConfig> layers
   ModelSpec spec = build_model_spec(cfg);
   if (fcn) {
     spec.layers.resize(spatial);
-    spec.spatial_layers = spatial;
     spec.readers.resize(spatial + 1);
     spec.readers.back().clear();
   }
@@ -94,6 +93,33 @@ inline bool reference_feasible(const ModelSpec& m, bool rows, int parts) {
     b = bi;
   }
   return true;
+}
+
+// The model's first `layers` layers, as a fully convolutional model.
+inline ModelSpec truncated(const ModelSpec& m, int layers) {
+  ModelSpec p = m;
+  p.layers.resize(size_t(layers));
+  p.readers.resize(size_t(layers) + 1);
+  p.readers.back().clear();
+  return p;
+}
+
+// A grid of a chain works without a tail when both axes do; otherwise, when some feature
+// map has fewer rows or cols than the grid (T0, the first), with a tail from a tensor T in
+// [2, T0] whose prefix (tensors before T, split at tensor T - 1) works. A per-pixel output
+// is never in a tail.
+inline bool feasible_grid(const ModelSpec& m, int rows, int cols) {
+  if (reference_feasible(m, true, rows) && reference_feasible(m, false, cols)) return true;
+  const int level = level_of(m);
+  if (level == int(m.layers.size())) return false;  // a per-pixel output
+  int small = -1;
+  for (int t = 1; t <= level && small < 0; ++t)
+    if (m.tensor_shape(t).h < rows || m.tensor_shape(t).w < cols) small = t;
+  for (int tail = small; tail >= 2; --tail) {
+    const ModelSpec prefix = truncated(m, tail - 1);
+    if (reference_feasible(prefix, true, rows) && reference_feasible(prefix, false, cols)) return true;
+  }
+  return false;
 }
 
 // ---- Brute-force checks of a plan. ----
@@ -242,20 +268,33 @@ inline void check_sends_match(const ShardPlan& plan, int l, int rank) {
 }
 
 inline void check_plan(const ModelSpec& m, const ShardPlan& plan) {
-  const int level = level_of(m);
+  // Layers [0, level) run split; `level` is the global pool, or the first layer of the tail,
+  // which gathers its input; the rest run replicated.
+  const int level = plan.tail >= 0 ? plan.tail - 1 : level_of(m);
   ASSERT_EQ(plan.layers.size(), m.layers.size());
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& L = m.layers[l];
     SCOPED_TRACE("layer " + std::to_string(l) + " " + L.config.name);
-    if (l > level) {  // replicated, after the global pool
-      ASSERT_FALSE(plan.layers[l].spatial);
+    if (plan.tail >= 0 && l == level) {
+      ASSERT_FALSE(plan.layers[l].sharded);
+      ASSERT_TRUE(plan.layers[l].gathers);
+      for (int r = 0; r < plan.world(); ++r) {
+        EXPECT_EQ(plan.owned_output(l, r), (Rect{{0, L.out.h}, {0, L.out.w}}));
+        EXPECT_EQ(plan.owned_input(l, r), (Rect{{0, L.in.h}, {0, L.in.w}}));
+        EXPECT_TRUE(plan.receives(l, r, HaloPhase::Rows).empty() && plan.receives(l, r, HaloPhase::Cols).empty());
+      }
+      continue;
+    }
+    if (l > level) {  // replicated, after the global pool or in the tail
+      ASSERT_FALSE(plan.layers[l].sharded);
       for (int r = 0; r < plan.world(); ++r) {
         EXPECT_EQ(plan.owned_output(l, r), (Rect{{0, L.out.h}, {0, L.out.w}}));
         EXPECT_TRUE(plan.receives(l, r, HaloPhase::Rows).empty() && plan.sends(l, r, HaloPhase::Cols).empty());
       }
       continue;
     }
-    ASSERT_TRUE(plan.layers[l].spatial);
+    ASSERT_EQ(plan.layers[l].sharded, l < level);  // the global pool's output is replicated
+    ASSERT_TRUE(plan.layers[l].input_sharded);
     // Every input element of the layer owned by exactly one shard per group; owned_in is
     // what the layers that made its inputs own of their outputs.
     for (int g = 0; g < plan.groups; ++g) {

@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoints  # noqa: E402
+from torch_model import SEED, Torch, dropout_mask, init_weights, layer_names, mix64, write_keras_weights  # noqa: E402,F401
 
 STEPS = 3
 ATOL, RTOL = 1e-5, 1e-4
@@ -239,7 +241,11 @@ CASES = {
     ),
 }
 
-COUNT, BATCH, SEED = 6, 4, 99
+from cases_section11 import CASES as SECTION11  # noqa: E402
+
+CASES.update(SECTION11)
+
+COUNT, BATCH = 6, 4
 
 
 # --- the data order of worker/batch.cpp: splitmix64 Fisher-Yates per epoch -------------
@@ -271,250 +277,6 @@ def samples_of_step(step, n):
     for pos in range(step * BATCH, (step + 1) * BATCH):
         out.append(permutation(SEED, pos // n, n)[pos % n])
     return out
-
-
-# --- the model in PyTorch, float64, whole image ----------------------------------------
-def window(n, k, s, d, padding):
-    span = d * (k - 1) + 1
-    if padding == "same":
-        out = -(-n // s)
-        total = max((out - 1) * s + span - n, 0)
-        return total // 2, total - total // 2
-    if padding == "valid":
-        return 0, 0
-    return int(padding), int(padding)
-
-
-def margins(v):
-    """zero_padding2d / cropping2d margins as ((top, bottom), (left, right))."""
-    if isinstance(v, int):
-        return (v, v), (v, v)
-    return tuple(tuple(a) if isinstance(a, list) else (a, a) for a in v)
-
-
-def layer_names(layers):
-    # An explicit name, or Keras's numbered per name prefix (relu, sigmoid and tanh are all
-    # Activation layers), counting the unnamed layers only.
-    prefix = dict(conv2d="conv2d", batch_norm="batch_normalization", relu="activation", sigmoid="activation",
-                  tanh="activation", leaky_relu="leaky_re_lu", max_pool2d="max_pooling2d",
-                  avg_pool2d="average_pooling2d", global_avg_pool="global_average_pooling2d",
-                  global_max_pool="global_max_pooling2d", dropout="dropout", dense="dense", add="add",
-                  concatenate="concatenate", depthwise_conv2d="depthwise_conv2d",
-                  separable_conv2d="separable_conv2d", upsampling2d="up_sampling2d",
-                  conv2d_transpose="conv2d_transpose", zero_padding2d="zero_padding2d", cropping2d="cropping2d")
-    counts, names = {}, []
-    for l in layers:
-        if "name" in l:
-            names.append(l["name"])
-            continue
-        p = prefix[l["type"]]
-        counts[p] = counts.get(p, 0) + 1
-        names.append(f"{p}_{counts[p]}")
-    return names
-
-
-def inputs_of(layers, names, i):
-    """The names a layer reads: its `inputs`, or the layer before it ("input" for the first)."""
-    return layers[i].get("inputs", ["input" if i == 0 else names[i - 1]])
-
-
-def init_weights(case, rng):
-    """Keras-layout weights per layer name, float32 (what the .h5 file holds)."""
-    names = layer_names(case["layers"])
-    channels = {"input": case["input"][2]}
-    weights = {}
-    for i, (name, l) in enumerate(zip(names, case["layers"])):
-        ins = [channels[n] for n in inputs_of(case["layers"], names, i)]
-        c = ins[0]
-        if l["type"] == "concatenate":
-            c = sum(ins)
-        t = l["type"]
-        if t == "conv2d":
-            k = l["kernel"]
-            fan = k * k * c
-            w = [("kernel:0", rng.uniform(-1, 1, (k, k, c, l["filters"])) * math.sqrt(3.0 / fan))]
-            if l.get("bias", True):
-                w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
-            c = l["filters"]
-        elif t == "conv2d_transpose":
-            k = l["kernel"]
-            w = [("kernel:0", rng.uniform(-1, 1, (k, k, l["filters"], c)) * math.sqrt(3.0 / (k * k * c)))]
-            if l.get("bias", True):
-                w.append(("bias:0", rng.uniform(-0.1, 0.1, (l["filters"],))))
-            c = l["filters"]
-        elif t in ("depthwise_conv2d", "separable_conv2d"):
-            k, m = l["kernel"], l.get("depth_multiplier", 1)
-            w = [("depthwise_kernel:0", rng.uniform(-1, 1, (k, k, c, m)) * math.sqrt(3.0 / (k * k)))]
-            c = c * m
-            if t == "separable_conv2d":
-                w.append(("pointwise_kernel:0", rng.uniform(-1, 1, (1, 1, c, l["filters"])) * math.sqrt(3.0 / c)))
-                c = l["filters"]
-            if l.get("bias", True):
-                w.append(("bias:0", rng.uniform(-0.1, 0.1, (c,))))
-        elif t == "batch_norm":  # center / scale false: no beta / gamma
-            w = [("gamma:0", rng.uniform(0.5, 1.5, (c,))), ("beta:0", rng.uniform(-0.2, 0.2, (c,))),
-                 ("moving_mean:0", rng.uniform(-0.1, 0.1, (c,))), ("moving_variance:0", rng.uniform(0.5, 1.5, (c,)))]
-            w = [(n, v) for n, v in w if (n != "gamma:0" or l.get("scale", True)) and (n != "beta:0" or l.get("center", True))]
-        elif t == "dense":
-            w = [("kernel:0", rng.uniform(-1, 1, (c, l["units"])) * math.sqrt(3.0 / c)),
-                 ("bias:0", rng.uniform(-0.1, 0.1, (l["units"],)))]
-            c = l["units"]
-        else:
-            w = []
-        weights[name] = [(n, np.asarray(v, dtype=np.float32)) for n, v in w]
-        channels[name] = c
-    return weights
-
-
-def write_keras_weights(path, case, weights):
-    names = layer_names(case["layers"])
-    with h5py.File(path, "w") as f:
-        f.attrs["layer_names"] = np.array([n.encode() for n in names])
-        f.attrs["backend"] = b"tensorflow"
-        f.attrs["keras_version"] = b"2.1.6"
-        for n in names:
-            g = f.create_group(n)
-            g.attrs["weight_names"] = np.array([f"{n}/{w}".encode() for w, _ in weights[n]])
-            for w, v in weights[n]:
-                g.create_dataset(f"{n}/{w}", data=v)
-
-
-class Torch:
-    def __init__(self, case, weights):
-        self.case = case
-        self.step = 0  # the training step: dropout's mask depends on it
-        self.names = layer_names(case["layers"])
-        self.p = {}
-        self.weights_shape = {}
-        for n, l in zip(self.names, case["layers"]):
-            for w, v in weights[n]:
-                self.weights_shape[(n, w)] = v.shape
-                t = torch.tensor(v, dtype=torch.float64)
-                if (w == "kernel:0" and l["type"] in ("conv2d", "conv2d_transpose")) or w == "pointwise_kernel:0":
-                    t = t.permute(3, 2, 0, 1).contiguous()
-                elif w == "depthwise_kernel:0":  # (kh, kw, cin, m) -> [cin * m][1][kh][kw]
-                    t = t.reshape(v.shape[0], v.shape[1], -1).permute(2, 0, 1).unsqueeze(1).contiguous()
-                self.p[(n, w)] = t.requires_grad_(w not in ("moving_mean:0", "moving_variance:0"))
-
-    def params(self):
-        return [t for (n, w), t in self.p.items() if t.requires_grad]
-
-    def forward(self, x, training=True):
-        tensors = {"input": x}
-        for i, (n, l) in enumerate(zip(self.names, self.case["layers"])):
-            ins = [tensors[name] for name in inputs_of(self.case["layers"], self.names, i)]
-            x = ins[0]
-            t = l["type"]
-            if t == "conv2d":
-                k, s, d = l["kernel"], l.get("stride", 1), l.get("dilation", 1)
-                pt, pb = window(x.shape[2], k, s, d, l.get("padding", "valid"))
-                pl, pr = window(x.shape[3], k, s, d, l.get("padding", "valid"))
-                x = F.conv2d(F.pad(x, (pl, pr, pt, pb)), self.p[(n, "kernel:0")], self.p.get((n, "bias:0")),
-                             stride=s, dilation=d)
-            elif t in ("depthwise_conv2d", "separable_conv2d"):
-                k, s, d = l["kernel"], l.get("stride", 1), l.get("dilation", 1)
-                pt, pb = window(x.shape[2], k, s, d, l.get("padding", "valid"))
-                pl, pr = window(x.shape[3], k, s, d, l.get("padding", "valid"))
-                separable = t == "separable_conv2d"
-                x = F.conv2d(F.pad(x, (pl, pr, pt, pb)), self.p[(n, "depthwise_kernel:0")],
-                             None if separable else self.p.get((n, "bias:0")), stride=s, dilation=d, groups=x.shape[1])
-                if separable:
-                    x = F.conv2d(x, self.p[(n, "pointwise_kernel:0")], self.p.get((n, "bias:0")))
-            elif t == "conv2d_transpose":
-                k, s = l["kernel"], l.get("stride", 1)
-                x_in = x
-                x = F.conv_transpose2d(x, self.p[(n, "kernel:0")], self.p.get((n, "bias:0")), stride=s)
-                if l.get("padding", "valid") == "same":  # the k - s extra rows: the smaller half at the top
-                    crop = k - s
-                    h, w = x_in.shape[2] * s, x_in.shape[3] * s
-                    x = x[:, :, crop // 2:crop // 2 + h, crop // 2:crop // 2 + w]
-            elif t == "upsampling2d":
-                size = l.get("size", 2)
-                size = tuple(size) if isinstance(size, list) else (size, size)
-                mode = l.get("interpolation", "nearest")
-                x = F.interpolate(x, scale_factor=size, mode=mode,
-                                  **({"align_corners": False} if mode == "bilinear" else {}))
-            elif t in ("zero_padding2d", "cropping2d"):
-                (top, bottom), (left, right) = margins(l.get("padding" if t == "zero_padding2d" else "cropping",
-                                                             1 if t == "zero_padding2d" else 0))
-                if t == "zero_padding2d":
-                    x = F.pad(x, (left, right, top, bottom))
-                else:
-                    x = x[:, :, top:x.shape[2] - bottom, left:x.shape[3] - right]
-            elif t == "batch_norm":
-                x = F.batch_norm(x, self.p[(n, "moving_mean:0")].data, self.p[(n, "moving_variance:0")].data,
-                                 self.p.get((n, "gamma:0")), self.p.get((n, "beta:0")), training=training,
-                                 momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
-            elif t == "relu":
-                x = F.relu(x)
-            elif t == "leaky_relu":
-                x = F.leaky_relu(x, negative_slope=l.get("alpha", 0.3))
-            elif t == "sigmoid":
-                x = torch.sigmoid(x)
-            elif t == "tanh":
-                x = torch.tanh(x)
-            elif t in ("max_pool2d", "avg_pool2d"):
-                k = l.get("pool", 2)
-                s = l.get("stride", k)
-                pt, pb = window(x.shape[2], k, s, 1, l.get("padding", "valid"))
-                pl, pr = window(x.shape[3], k, s, 1, l.get("padding", "valid"))
-                if t == "max_pool2d":
-                    x = F.max_pool2d(F.pad(x, (pl, pr, pt, pb), value=-math.inf), k, s)
-                else:
-                    ones = torch.ones_like(x[:1, :1])
-                    total = F.avg_pool2d(F.pad(x, (pl, pr, pt, pb)), k, s)
-                    count = F.avg_pool2d(F.pad(ones, (pl, pr, pt, pb)), k, s)
-                    x = total / count
-            elif t == "global_avg_pool":
-                x = x.mean(dim=(2, 3))
-            elif t == "dropout":
-                rate = l["rate"]
-                if training:
-                    keep = torch.tensor(dropout_mask(tuple(x.shape), self.names.index(n), self.step, rate))
-                    x = x * keep.to(x.dtype) * float(np.float32(1.0 / (1.0 - rate)))
-            elif t == "global_max_pool":
-                x = x.amax(dim=(2, 3))  # ties share the gradient
-            elif t == "dense":
-                x = x @ self.p[(n, "kernel:0")] + self.p[(n, "bias:0")]
-            elif t == "add":
-                x = sum(ins[1:], ins[0])
-            elif t == "concatenate":
-                x = torch.cat(ins, dim=1)
-            tensors[n] = x
-        return x
-
-    def keras(self, n, w):
-        t = self.p[(n, w)].detach()
-        if w == "depthwise_kernel:0":  # [cin * m][1][kh][kw] -> (kh, kw, cin, m)
-            cin = self.weights_shape[(n, w)][2]
-            t = t.squeeze(1).permute(1, 2, 0).reshape(t.shape[2], t.shape[3], cin, -1)
-        elif t.dim() == 4:
-            t = t.permute(2, 3, 1, 0)
-        return t.numpy()
-
-
-def mix64(z):
-    """splitmix64's finaliser on uint64 arrays (kernels/dropout.hpp)."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def dropout_mask(shape, layer, step, rate):
-    """Kept elements of a [B, C, H, W] tensor (or [B, C]): a function of (seed, layer, step,
-    batch position, channel, pixel of the whole image), as kernels/dropout.hpp."""
-    u = lambda v: np.asarray(v, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        key = mix64(mix64(mix64(u(SEED)) ^ u(layer)) ^ u(step))
-        b, c = shape[0], shape[1]
-        h, w = (shape[2], shape[3]) if len(shape) == 4 else (1, 1)
-        z = mix64(key ^ u(np.arange(b))[:, None, None, None])
-        z = mix64(z ^ u(np.arange(c))[None, :, None, None])
-        z = mix64(z ^ u(np.arange(h))[None, None, :, None])
-        z = mix64(z ^ u(np.arange(w))[None, None, None, :])
-    keep = (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 >= rate
-    return keep.reshape(shape)
 
 
 def loss_of(case, out, labels, masks):
@@ -624,7 +386,8 @@ def main():
     os.makedirs(work, exist_ok=True)
     rng = np.random.default_rng(7)
     h, w, c = case["input"]
-    images = rng.uniform(0, 1, (COUNT, h, w, c)).astype(np.float32)
+    lo, hi = case.get("pixels", (0.0, 1.0))
+    images = rng.uniform(lo, hi, (COUNT, h, w, c)).astype(np.float32)
     labels = masks = None
     with h5py.File(os.path.join(work, "data.h5"), "w") as f:
         f.create_dataset("images", data=images, chunks=(1, min(h, 32), min(w, 32), c))

@@ -112,7 +112,9 @@ TEST(ConfigErrors, UnknownLayerType) {
             "cfg.yaml:5: model.layers[0].type: expected one of conv2d | batch_norm | relu | max_pool2d | "
             "avg_pool2d | global_avg_pool | dense | leaky_relu | sigmoid | tanh | global_max_pool | dropout | add | "
             "concatenate | depthwise_conv2d | separable_conv2d | upsampling2d | conv2d_transpose | zero_padding2d | "
-            "cropping2d, found 'conv3d'; "
+            "cropping2d | resize | relu6 | clip | silu | hard_sigmoid | hard_swish | gelu | multiply | layer_norm | "
+            "scale | drop_path | flatten | channel_shuffle | channel_slice | instance_norm | group_norm, found "
+            "'conv3d'; "
             "did you mean 'conv2d'?");
   EXPECT_CONTAINS(error_of("data: {train: d}\nmodel: {input: [8, 8, 1], layers: [relu]}\n"),
                   "model.layers[0]: expected a map such as {type: conv2d, filters: 16}, found 'relu'");

@@ -388,7 +388,7 @@ slurm: {account: acct, time: 2-00:00:00, signal: SIGHUP, extra: ["--gres=gpu:4"]
   expect_same(a, b);
   EXPECT_EQ(to_yaml(b), to_yaml(a));
   EXPECT_EQ(b.model.layers[0].name, "true");
-  EXPECT_EQ(b.model.layers[0].padding("padding").value, 2);
+  EXPECT_EQ(b.model.layers[0].padding("padding"), Padding::uniform(2));
   EXPECT_TRUE(b.data.synthesize->masks);
   EXPECT_EQ(b.parallel.device_memory, 1000001u);
 }

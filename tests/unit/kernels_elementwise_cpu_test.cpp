@@ -38,36 +38,67 @@ TEST(ElementwiseCpu, ReluGradientCheck) {
   EXPECT_EQ(d[0], 0.0);
 }
 
-// leaky_relu, sigmoid, tanh: forward against the definition, backward (from the output)
-// against central differences of the forward.
+// Every activation of kernels/activation.hpp: forward against its definition written out
+// here, backward against central differences of the forward (away from the kinks), and
+// torch's choices at the kinks.
 TEST(ElementwiseCpu, ActivationsGradientCheck) {
+  using F = double (*)(double x, double a, double b);
   struct Case {
     Activation f;
-    double alpha;
-    double (*ref)(double x, double alpha);
+    ActivationArgs args;
+    F ref;
   };
+  const double pi = std::acos(-1.0);
+  auto clamp = [](double v, double lo, double hi) { return std::min(std::max(v, lo), hi); };
+  (void)clamp;
   const Case cases[] = {
-      {Activation::LeakyReLU, 0.2, [](double x, double a) { return x > 0 ? x : a * x; }},
-      {Activation::LeakyReLU, 0.0, [](double x, double a) { return x > 0 ? x : a * x; }},
-      {Activation::Sigmoid, 0, [](double x, double) { return 1 / (1 + std::exp(-x)); }},
-      {Activation::Tanh, 0, [](double x, double) { return std::tanh(x); }},
+      {Activation::LeakyReLU, {0.2f, 0}, [](double x, double a, double) { return x > 0 ? x : a * x; }},
+      {Activation::LeakyReLU, {0.0f, 0}, [](double x, double a, double) { return x > 0 ? x : a * x; }},
+      {Activation::Sigmoid, {}, [](double x, double, double) { return 1 / (1 + std::exp(-x)); }},
+      {Activation::Tanh, {}, [](double x, double, double) { return std::tanh(x); }},
+      {Activation::ReLU6, {}, [](double x, double, double) { return std::min(std::max(x, 0.0), 6.0); }},
+      {Activation::Clip, {-1.5f, 2.5f}, [](double x, double a, double b) { return std::min(std::max(x, a), b); }},
+      {Activation::SiLU, {}, [](double x, double, double) { return x / (1 + std::exp(-x)); }},
+      {Activation::HardSigmoid, {0.2f, 0.5f},
+       [](double x, double a, double b) { return std::min(std::max(a * x + b, 0.0), 1.0); }},
+      {Activation::HardSigmoid, {1.0f / 6, 0.5f},
+       [](double x, double a, double b) { return std::min(std::max(a * x + b, 0.0), 1.0); }},
+      {Activation::HardSwish, {},
+       [](double x, double, double) { return x * std::min(std::max(x + 3, 0.0), 6.0) / 6; }},
+      {Activation::GELU, {}, [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }},
+      {Activation::GELUTanh, {}, [](double x, double, double) {
+         return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::acos(-1.0)) * (x + 0.044715 * x * x * x)));
+       }},
   };
+  (void)pi;
   for (const Case& c : cases) {
     std::mt19937_64 rng(9);
-    Vec x = random_vec(60, rng), r = random_vec(60, rng), y(60), dx(60, 1e3);
-    for (auto& v : x) v = 4 * v + (v > 0 ? 0.1 : -0.1);  // both tails, away from the kink
+    Vec x = random_vec(80, rng), r = random_vec(80, rng), y(80), dx(80, 1e3);
+    for (auto& v : x) v = 8 * v + (v > 0 ? 0.1 : -0.1);  // both tails, past relu6's 6
     x[0] = -40;  // sigmoid's exp must not overflow
-    activation_forward<double>(c.f, c.alpha, x.size(), x.data(), y.data());
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y[i], c.ref(x[i], c.alpha), 1e-15) << int(c.f) << " " << x[i];
-    activation_backward<double>(c.f, c.alpha, x.size(), y.data(), r.data(), dx.data());
+    activation_forward<double>(c.f, c.args, x.size(), x.data(), y.data());
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_NEAR(y[i], c.ref(x[i], c.args.alpha, c.args.beta), 1e-14) << int(c.f) << " " << x[i];
+    activation_backward<double>(c.f, c.args, x.size(), x.data(), y.data(), r.data(), dx.data());
     check_grad("activation dx", x, dx, [&] {
-      activation_forward<double>(c.f, c.alpha, x.size(), x.data(), y.data());
+      activation_forward<double>(c.f, c.args, x.size(), x.data(), y.data());
       return dotv(y, r);
     });
   }
-  Vec zero = {0.0}, g = {5.0}, d = {1.0};  // torch: leaky_relu's slope at 0 is alpha
-  activation_backward<double>(Activation::LeakyReLU, 0.25, 1, zero.data(), g.data(), d.data());
-  EXPECT_EQ(d[0], 1.25);
+  // At the kinks, torch's choices: leaky_relu's slope at 0 is alpha; relu6 (hardtanh) passes
+  // nothing at 0 and 6; clip (clamp) passes at its bounds; hard_swish at -3 is -0.5.
+  auto grad_at = [](Activation f, ActivationArgs a, double x) {
+    Vec xs = {x}, ys(1), g = {5.0}, d = {1.0};
+    activation_forward<double>(f, a, 1, xs.data(), ys.data());
+    activation_backward<double>(f, a, 1, xs.data(), ys.data(), g.data(), d.data());
+    return d[0];
+  };
+  EXPECT_EQ(grad_at(Activation::LeakyReLU, {0.25f, 0}, 0.0), 1.25);
+  EXPECT_EQ(grad_at(Activation::ReLU6, {}, 0.0), 0.0);
+  EXPECT_EQ(grad_at(Activation::ReLU6, {}, 6.0), 0.0);
+  EXPECT_EQ(grad_at(Activation::Clip, {-1, 2}, -1.0), 5.0);
+  EXPECT_EQ(grad_at(Activation::Clip, {-1, 2}, 2.0), 5.0);
+  EXPECT_EQ(grad_at(Activation::HardSwish, {}, -3.0), -2.5);
 }
 
 // The max of every plane, its ties counted, and the gradient shared among them (torch's

@@ -26,7 +26,7 @@ ResampleAxis whole(int in, int out, int factor = 1, int shift = 0) {
   ResampleAxis a;
   a.in = a.size = in;
   a.out = out;
-  a.factor = factor;
+  a.scale = float(1.0 / factor);
   a.shift = shift;
   return a;
 }

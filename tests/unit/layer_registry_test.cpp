@@ -144,8 +144,8 @@ TEST_F(LayerRegistryTest, ConfigReadsEmitsAndHashesTheNewKind) {
     build_model_spec(after);
     ADD_FAILURE() << "a test_scale after the global pool was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("(test_scale 'late_scale'): needs a feature map input, but it comes after "
-                                         "the global pool"),
+    EXPECT_NE(std::string(e.what()).find("(test_scale 'late_scale'): needs a feature map input, but it reads a "
+                                         "per-image channel vector"),
               std::string::npos)
         << e.what();
   }

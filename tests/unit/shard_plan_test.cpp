@@ -79,19 +79,20 @@ TEST(ShardPlan, RandomSweepAgainstBruteForce) {
     const std::vector<LayerConfig> layers = random_layers(rng, h, w);
     const ModelSpec m = make_model(h, w, 1 + int(rng() % 2), layers, fcn);
     const int max_r = max_grid_rows(m), max_c = max_grid_cols(m);
-    ASSERT_TRUE(reference_feasible(m, true, max_r));
-    ASSERT_TRUE(reference_feasible(m, false, max_c));
+    ASSERT_TRUE(feasible_grid(m, max_r, 1));
+    ASSERT_TRUE(feasible_grid(m, 1, max_c));
     // Smaller models get checked on every grid, larger ones on a few.
     for (const GridShape g : grids) {
       if (int64_t(h) * w > 40000 && rng() % 3 != 0) continue;
       const int groups = 1 + int(rng() % 2);
       SCOPED_TRACE(::testing::Message() << "iter " << iter << " input " << h << "x" << w << " grid " << g.rows
                                       << "x" << g.cols << " groups " << groups << " fcn " << fcn);
-      const bool feasible = reference_feasible(m, true, g.rows) && reference_feasible(m, false, g.cols);
+      const bool feasible = feasible_grid(m, g.rows, g.cols);
       try {
         const ShardPlan plan = make_shard_plan(m, g, groups * g.rows * g.cols);
         ASSERT_TRUE(feasible) << "planned a grid that cannot work";
         ASSERT_EQ(plan.groups, groups);
+        ASSERT_EQ(plan.tail >= 0, !(reference_feasible(m, true, g.rows) && reference_feasible(m, false, g.cols)));
         ASSERT_LE(g.rows, max_r);
         ASSERT_LE(g.cols, max_c);
         check_plan(m, plan);
@@ -116,10 +117,10 @@ TEST(ShardPlan, MaxGridIsTheBoundary) {
     const int h = 7 + int(rng() % 120), w = 7 + int(rng() % 120);
     const ModelSpec m = make_model(h, w, 1, random_layers(rng, h, w), rng() % 2 == 0);
     const int r = max_grid_rows(m), c = max_grid_cols(m);
-    EXPECT_TRUE(reference_feasible(m, true, r));
-    EXPECT_FALSE(reference_feasible(m, true, r + 1));
-    EXPECT_TRUE(reference_feasible(m, false, c));
-    EXPECT_FALSE(reference_feasible(m, false, c + 1));
+    EXPECT_TRUE(feasible_grid(m, r, 1));
+    EXPECT_FALSE(feasible_grid(m, r + 1, 1));
+    EXPECT_TRUE(feasible_grid(m, 1, c));
+    EXPECT_FALSE(feasible_grid(m, 1, c + 1));
   }
 }
 
@@ -170,7 +171,7 @@ TEST(ShardPlan, StridedLayersAlignBorders) {
   EXPECT_EQ(p.layers[1].rows.owned_in, (std::vector<Range>{{0, 4}, {4, 8}}));
   EXPECT_EQ(p.layers[0].rows.owned_in, (std::vector<Range>{{0, 8}, {8, 16}}));
   EXPECT_EQ(p.owned_output(2, 0), (Rect{{0, 1}, {0, 1}}));  // the global pool
-  EXPECT_FALSE(p.layers[3].spatial);                        // dense
+  EXPECT_FALSE(p.layers[3].sharded);                        // dense
 }
 
 TEST(ShardPlan, NeededCoversTheOwnedRowsAStridedWindowSkips) {
@@ -214,8 +215,14 @@ TEST(ShardPlan, RejectsAShardThinnerThanTheHalo) {
 
 TEST(ShardPlan, RejectsMoreShardsThanRowsAndBadWorlds) {
   const ModelSpec m = make_model(12, 12, 1, {conv(1, 3), pool("max_pool2d", 2, 2)}, false);
-  EXPECT_THROW(make_shard_plan(m, {7, 1}), ConfigError);  // the pool output has 6 rows
-  EXPECT_NO_THROW(make_shard_plan(m, {6, 1}));
+  EXPECT_EQ(make_shard_plan(m, {6, 1}).tail, -1);
+  // The pool's output has 6 rows: split 7 ways, it is gathered whole (the tail) ...
+  const ShardPlan tail = make_shard_plan(m, {7, 1});
+  EXPECT_EQ(tail.tail, 2);
+  EXPECT_TRUE(tail.layers[1].gathers);
+  EXPECT_TRUE(tail.layers[0].sharded);
+  // ... but nothing splits the 12 rows of the image 13 ways.
+  EXPECT_THROW(make_shard_plan(m, {13, 1}), ConfigError);
   EXPECT_THROW(make_shard_plan(m, {2, 2}, 6), ConfigError);
   EXPECT_THROW(make_shard_plan(m, {0, 1}), ConfigError);
   const ShardPlan p = make_shard_plan(m, {2, 2}, 8);

@@ -105,13 +105,53 @@ class StandInDevice final : public ComputeBackend {
                          const double* sum_dy_xhat, double count, float* dx) override {
     cpu_->bn_backward_apply(n, c, hw, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
   }
-  void relu_forward(size_t count, const float* x, float* y) override { cpu_->relu_forward(count, x, y); }
-  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override {
-    cpu_->activation_forward(f, alpha, count, x, y);
+  void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean, double* out) override {
+    cpu_->plane_sq_dev_sum(n, c, hw, x, mean, out);
   }
-  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                           float* dx) override {
-    cpu_->activation_backward(f, alpha, count, y, dy, dx);
+  void plane_affine(int n, int c, int64_t hw, const float* x, const double* mean, const double* scale,
+                    const double* shift, float* y) override {
+    cpu_->plane_affine(n, c, hw, x, mean, scale, shift, y);
+  }
+  void plane_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                           double* sum_dy, double* sum_dy_dev) override {
+    cpu_->plane_backward_sums(n, c, hw, dy, x, mean, sum_dy, sum_dy_dev);
+  }
+  void plane_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
+                            const double* k, const double* a, const double* b, float* dx) override {
+    cpu_->plane_backward_apply(n, c, hw, dy, x, mean, k, a, b, dx);
+  }
+  void relu_forward(size_t count, const float* x, float* y) override { cpu_->relu_forward(count, x, y); }
+  void activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) override {
+    cpu_->activation_forward(f, a, count, x, y);
+  }
+  void activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                           const float* dy, float* dx) override {
+    cpu_->activation_backward(f, a, count, x, y, dy, dx);
+  }
+  void multiply(size_t count, const float* a, const float* b, float* y) override { cpu_->multiply(count, a, b, y); }
+  void multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per,
+                       float* y) override {
+    cpu_->multiply_planes(n, c, hw, x, v, per, y);
+  }
+  void plane_dot(int n, int c, int64_t hw, const float* a, const float* b, double* out) override {
+    cpu_->plane_dot(n, c, hw, a, b, out);
+  }
+  void scale_images(int n, int64_t image, const float* x, const double* f, float* y) override {
+    cpu_->scale_images(n, image, x, f, y);
+  }
+  void layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                          const float* beta, float* y) override {
+    cpu_->layer_norm_forward(n, c, hw, x, eps, gamma, beta, y);
+  }
+  void layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                           const float* gamma, float* dx, double* dgamma, double* dbeta) override {
+    cpu_->layer_norm_backward(n, c, hw, x, dy, eps, gamma, dx, dgamma, dbeta);
+  }
+  void to_channels_last(int n, int c, int64_t hw, const float* x, float* y) override {
+    cpu_->to_channels_last(n, c, hw, x, y);
+  }
+  void from_channels_last(int n, int c, int64_t hw, const float* y, float* x) override {
+    cpu_->from_channels_last(n, c, hw, y, x);
   }
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override {
     cpu_->relu_backward(count, y, dy, dx);

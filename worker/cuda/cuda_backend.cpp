@@ -275,6 +275,46 @@ void CudaBackend::bn_backward_apply(int n, int c, int64_t hw, const float* dy, c
   launch_bn_backward_apply(n, c, hw, dy, x, dev[0], dev[1], gamma, dev[2], dev[3], count, dx);
 }
 
+void CudaBackend::plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                                   double* host_out) {
+  bind();
+  const int planes = n * c, blocks = reduce_blocks(hw);
+  const auto dev = upload({{host_mean, size_t(planes)}});
+  double* part = partials_.get_as<double>(size_t(planes) * blocks);
+  launch_plane_sq_dev_sum(planes, hw, x, dev[0], blocks, part);
+  finish_on_host(part, planes, blocks, host_out);
+}
+
+void CudaBackend::plane_affine(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                               const double* host_scale, const double* host_shift, float* y) {
+  bind();
+  const int planes = n * c;
+  const size_t pp = size_t(planes);
+  const auto dev = upload({{host_mean, pp}, {host_scale, pp}, {host_shift, pp}});
+  launch_plane_affine(planes, hw, x, dev[0], dev[1], dev[2], y);
+}
+
+void CudaBackend::plane_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x,
+                                      const double* host_mean, double* host_sum_dy, double* host_sum_dy_dev) {
+  bind();
+  const int planes = n * c, blocks = reduce_blocks(hw);
+  const auto dev = upload({{host_mean, size_t(planes)}});
+  double* part = partials_.get_as<double>(size_t(2) * planes * blocks);
+  launch_plane_backward_sums(planes, hw, dy, x, dev[0], blocks, part);
+  finish_on_host(part, planes, blocks, host_sum_dy);
+  finish_on_host(part + size_t(planes) * blocks, planes, blocks, host_sum_dy_dev);
+}
+
+void CudaBackend::plane_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x,
+                                       const double* host_mean, const double* host_k, const double* host_a,
+                                       const double* host_b, float* dx) {
+  bind();
+  const int planes = n * c;
+  const size_t pp = size_t(planes);
+  const auto dev = upload({{host_mean, pp}, {host_k, pp}, {host_a, pp}, {host_b, pp}});
+  launch_plane_backward_apply(planes, hw, dy, x, dev[0], dev[1], dev[2], dev[3], dx);
+}
+
 void CudaBackend::relu_forward(size_t count, const float* x, float* y) {
   bind();
   launch_relu_forward(count, x, y);
@@ -285,15 +325,66 @@ void CudaBackend::relu_backward(size_t count, const float* y, const float* dy, f
   launch_relu_backward(count, y, dy, dx);
 }
 
-void CudaBackend::activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) {
+void CudaBackend::activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) {
   bind();
-  launch_activation_forward(f, alpha, count, x, y);
+  launch_activation_forward(f, a, count, x, y);
 }
 
-void CudaBackend::activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                                      float* dx) {
+void CudaBackend::activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                                      const float* dy, float* dx) {
   bind();
-  launch_activation_backward(f, alpha, count, y, dy, dx);
+  launch_activation_backward(f, a, count, x, y, dy, dx);
+}
+
+void CudaBackend::multiply(size_t count, const float* a, const float* b, float* y) {
+  bind();
+  launch_multiply(count, a, b, y);
+}
+
+void CudaBackend::multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per,
+                                  float* y) {
+  bind();
+  launch_multiply_planes(n, c, hw, x, v, per, y);
+}
+
+void CudaBackend::plane_dot(int n, int c, int64_t hw, const float* a, const float* b, double* host_out) {
+  bind();
+  const int planes = n * c, blocks = reduce_blocks(hw);
+  double* part = partials_.get_as<double>(size_t(planes) * blocks);
+  launch_plane_dot(planes, hw, a, b, blocks, part);
+  finish_on_host(part, planes, blocks, host_out);
+}
+
+void CudaBackend::scale_images(int n, int64_t image, const float* x, const double* host_factors, float* y) {
+  bind();
+  const auto dev = upload({{host_factors, size_t(n)}});
+  launch_scale_images(n, image, x, dev[0], y);
+}
+
+void CudaBackend::layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                                     const float* beta, float* y) {
+  bind();
+  launch_layer_norm_forward(n, c, hw, x, eps, gamma, beta, y);
+}
+
+void CudaBackend::layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                                      const float* gamma, float* dx, double* host_dgamma, double* host_dbeta) {
+  bind();
+  const int blocks = layer_norm_blocks(n, hw);
+  double* part = partials_.get_as<double>(size_t(2) * c * blocks);
+  launch_layer_norm_backward(n, c, hw, x, dy, eps, gamma, dx, part);
+  finish_on_host(part, c, blocks, host_dgamma);
+  finish_on_host(part + size_t(c) * blocks, c, blocks, host_dbeta);
+}
+
+void CudaBackend::to_channels_last(int n, int c, int64_t hw, const float* x, float* y) {
+  bind();
+  launch_transpose(n, c, hw, x, y);
+}
+
+void CudaBackend::from_channels_last(int n, int c, int64_t hw, const float* y, float* x) {
+  bind();
+  launch_transpose(n, hw, c, y, x);
 }
 
 void CudaBackend::global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) {

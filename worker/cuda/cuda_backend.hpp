@@ -72,12 +72,31 @@ class CudaBackend final : public ComputeBackend {
   void bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
                          const double* host_invstd, const float* gamma, const double* host_sum_dy,
                          const double* host_sum_dy_xhat, double count, float* dx) override;
+  void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                        double* host_out) override;
+  void plane_affine(int n, int c, int64_t hw, const float* x, const double* host_mean, const double* host_scale,
+                    const double* host_shift, float* y) override;
+  void plane_backward_sums(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
+                           double* host_sum_dy, double* host_sum_dy_dev) override;
+  void plane_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
+                            const double* host_k, const double* host_a, const double* host_b, float* dx) override;
 
   void relu_forward(size_t count, const float* x, float* y) override;
   void relu_backward(size_t count, const float* y, const float* dy, float* dx) override;
-  void activation_forward(Activation f, float alpha, size_t count, const float* x, float* y) override;
-  void activation_backward(Activation f, float alpha, size_t count, const float* y, const float* dy,
-                           float* dx) override;
+  void activation_forward(Activation f, ActivationArgs a, size_t count, const float* x, float* y) override;
+  void activation_backward(Activation f, ActivationArgs a, size_t count, const float* x, const float* y,
+                           const float* dy, float* dx) override;
+  void multiply(size_t count, const float* a, const float* b, float* y) override;
+  void multiply_planes(int n, int c, int64_t hw, const float* x, const float* v, PlaneFactor per,
+                       float* y) override;
+  void plane_dot(int n, int c, int64_t hw, const float* a, const float* b, double* host_out) override;
+  void scale_images(int n, int64_t image, const float* x, const double* host_factors, float* y) override;
+  void layer_norm_forward(int n, int c, int64_t hw, const float* x, double eps, const float* gamma,
+                          const float* beta, float* y) override;
+  void layer_norm_backward(int n, int c, int64_t hw, const float* x, const float* dy, double eps,
+                           const float* gamma, float* dx, double* host_dgamma, double* host_dbeta) override;
+  void to_channels_last(int n, int c, int64_t hw, const float* x, float* y) override;
+  void from_channels_last(int n, int c, int64_t hw, const float* y, float* x) override;
   void global_avg_sum(int n, int c, int64_t hw, const float* x, double* host_sums) override;
   void global_avg_backward(int n, int c, int64_t hw, const float* dy, double scale, float* dx) override;
   void resample_forward(const ResampleGeom& g, const float* x, float* y) override;
