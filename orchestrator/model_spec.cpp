@@ -159,10 +159,55 @@ void check_metrics(const Config& config, bool spatial_out, int classes) {
 
 }  // namespace
 
+LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins, const std::vector<bool>& ins_spatial) {
+  LayerSpec l;
+  l.config = config;
+  l.ins = ins;
+  l.ins_spatial = ins_spatial;
+  l.in = ins.at(0);
+  l.spatial = ins_spatial.at(0);
+  l.out_spatial = l.spatial;
+  for (size_t k = 1; k < ins.size(); ++k)
+    if (ins_spatial[k] != l.spatial && !l.kind().traits.broadcasts_vectors)
+      throw LayerShapeError(fmt::format("its inputs '{}' and '{}' are not both feature maps (one is a per-image "
+                                        "channel vector: a global pool's output or a layer after it)",
+                                        config.inputs.at(0), config.inputs.at(k)));
+  l.rows = make_window(l.in.h, 1, 1, 1, PaddingMode::Valid);
+  l.cols = make_window(l.in.w, 1, 1, 1, PaddingMode::Valid);
+  l.kind().shape(l);
+  // The built-in kinds say this in their own words; a kind whose shape does not check
+  // where it sits gets these.
+  const LayerInput where_it_sits = l.kind().traits.input;
+  if (where_it_sits == LayerInput::FeatureMap && !l.spatial)
+    throw LayerShapeError("needs a feature map input, but it reads a per-image channel vector (the output of a "
+                          "global pool or a layer after it)");
+  if (where_it_sits == LayerInput::Vector && l.spatial)
+    throw LayerShapeError(fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
+  // Sizes from a file or a config are untrusted: every product must fit what the kernels
+  // index with before anything is allocated or multiplied further.
+  const Shape3& o = l.out;
+  if (o.c < 1 || o.h < 1 || o.w < 1 || o.c > kMaxExtent || int64_t(o.c) * o.h * o.w > kMaxElements)
+    throw LayerShapeError(fmt::format("its output of {}x{}x{} (H x W x C) is {}; at most {} elements per image fit",
+                                      o.h, o.w, o.c, o.c < 1 || o.h < 1 || o.w < 1 ? "empty" : "too large",
+                                      kMaxElements));
+  for (const WeightSpec& w : l.weights) {
+    double elements = 1;
+    for (int64_t d : w.keras_shape) elements *= double(d);
+    if (elements > double(kMaxElements) || elements < 1)
+      throw LayerShapeError(fmt::format("its weight '{}' of {} elements is {}; at most {} fit", w.name, elements,
+                                        elements < 1 ? "empty" : "too large", kMaxElements));
+  }
+  return l;
+}
+
 ModelSpec build_model_spec(const Config& config) {
   ModelSpec spec;
   spec.input = {config.model.channels, config.model.height, config.model.width};
   spec.loss = config.model.loss;
+  if (spec.input.elements() > kMaxElements)
+    throw ConfigError(fmt::format("{}: model.input: [{}, {}, {}] is {} pixel values an image; at most {} fit",
+                                  config.source_path, spec.input.h, spec.input.w, spec.input.c, spec.input.elements(),
+                                  kMaxElements));
   std::map<std::string, int> counters;  // per Keras name prefix, as name_layers (config.cpp)
   std::map<std::string, int> tensor_of = {{kInputName, 0}};
   for (size_t i = 0; i < config.model.layers.size(); ++i) {
@@ -184,31 +229,16 @@ ModelSpec build_model_spec(const Config& config) {
                                     max_in == min_in ? std::to_string(min_in) : fmt::format("at least {}", min_in),
                                     l.inputs.size()));
     tensor_of[l.config.name] = int(i) + 1;
+    std::vector<Shape3> ins;
+    std::vector<bool> ins_spatial;
     for (int t : l.inputs) {
-      l.ins.push_back(spec.tensor_shape(t));
-      l.ins_spatial.push_back(spec.tensor_spatial(t));
+      ins.push_back(spec.tensor_shape(t));
+      ins_spatial.push_back(spec.tensor_spatial(t));
     }
-    l.in = l.ins[0];
-    l.spatial = l.ins_spatial[0];
-    l.out_spatial = l.spatial;
-    for (size_t k = 1; k < l.inputs.size(); ++k)
-      if (l.ins_spatial[k] != l.spatial && !l.kind().traits.broadcasts_vectors)
-        throw ConfigError(fmt::format("{}: its inputs '{}' and '{}' are not both feature maps (one is a per-image "
-                                      "channel vector: a global pool's output or a layer after it)",
-                                      where(config, l.config, i), l.config.inputs[0], l.config.inputs[k]));
-    l.rows = make_window(l.in.h, 1, 1, 1, PaddingMode::Valid);
-    l.cols = make_window(l.in.w, 1, 1, 1, PaddingMode::Valid);
     try {
-      l.kind().shape(l);
-      // The built-in kinds say this in their own words; a kind whose shape does not check
-      // where it sits gets these.
-      const LayerInput where_it_sits = l.kind().traits.input;
-      if (where_it_sits == LayerInput::FeatureMap && !l.spatial)
-        throw LayerShapeError("needs a feature map input, but it reads a per-image channel vector (the output of a "
-                              "global pool or a layer after it)");
-      if (where_it_sits == LayerInput::Vector && l.spatial)
-        throw LayerShapeError(
-            fmt::format("needs a vector input; found a {}x{}x{} feature map", l.in.h, l.in.w, l.in.c));
+      LayerSpec shaped = shape_layer(l.config, ins, ins_spatial);
+      shaped.inputs = std::move(l.inputs);
+      l = std::move(shaped);
     } catch (const LayerShapeError& e) {
       throw ConfigError(fmt::format("{}: {}", where(config, l.config, i), e.what()));
     }

@@ -125,6 +125,12 @@ Window1D make_window(int in, int kernel, int stride, int dilation, PaddingMode m
 // The same with a padding that is the same on both sides of this axis (its top and bottom).
 Window1D make_window(int in, int kernel, int stride, int dilation, const Padding& padding);
 
+// One layer reading tensors of shapes `ins` (feature maps or channel vectors as
+// `ins_spatial` says): its kind's windows, output, weights and flops, with every size
+// checked against kMaxExtent / kMaxElements. `inputs` is left for the caller. Throws
+// LayerShapeError (without the layer's location) when the inputs do not suit it.
+LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins, const std::vector<bool>& ins_spatial);
+
 // Builds the spec from a validated config. Throws ConfigError naming the layer (and its
 // config line) when shapes do not work: a window larger than its input, a dense layer
 // on a spatial input, a loss that does not match the output.

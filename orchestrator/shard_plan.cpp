@@ -243,23 +243,6 @@ std::string plan_axis(const ModelSpec& m, const std::vector<bool>& replicated, A
         a.pad_hi[i] = (need.hi - 1) * w.stride + w.kernel - w.pad_lo - a.owned_out[i].hi;
       }  // the others index by image coordinates, with no padding of their own
     }
-    if (!split_input) continue;  // a broadcast reads the whole vector on every shard
-    // A shard may only read from its direct neighbours: no halo wider than a neighbour.
-    for (int i = 0; i < parts; ++i) {
-      const Range& need = a.needed_in[i];
-      const int lo_limit = i > 0 ? a.owned_in[i - 1].lo : 0;
-      const int hi_limit = i + 1 < parts ? a.owned_in[i + 1].hi : w.in;
-      if (need.lo < lo_limit || need.hi > hi_limit) {
-        const bool below = need.lo < lo_limit;
-        const int j = below ? i - 1 : i + 1;
-        return fmt::format(
-            "{}: with {} shards along {}, shard {} reads input {} {} of {} but its neighbour "
-            "shard {} owns only {} ({} {}); a shard must be at least as thick as the halo "
-            "(kernel {}, dilation {}, stride {}) its neighbour needs",
-            describe(m, l), parts, axis_name(axis), i, axis_name(axis), show(need), w.in, j,
-            show(a.owned_in[j]), a.owned_in[j].size(), axis_name(axis), w.kernel, w.dilation, w.stride);
-      }
-    }
   }
   if (out) {
     out->layers.swap(plan);

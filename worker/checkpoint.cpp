@@ -172,7 +172,11 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
 
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params) {
   const std::string& path = config.training.init_weights;
-  const std::string where = fmt::format("training.init_weights {}", path);
+  load_keras_weights(path, fmt::format("training.init_weights {}", path), config.training.init_by_name, model, params);
+}
+
+void load_keras_weights(const std::string& path, const std::string& where, bool by_name, const ModelSpec& model,
+                        ParamStore& params) {
   if (const std::string problem = input_file_problem(path); !problem.empty())
     throw ConfigError(fmt::format("{}: {}", where, problem));
   KerasWeightsFile file(path);
@@ -189,7 +193,7 @@ void load_init_weights(const Config& config, const ModelSpec& model, ParamStore&
     if (!file.weight_names(name).empty()) theirs.push_back(name);
 
   std::vector<std::pair<int, std::string>> pairs;  // (our layer, their layer)
-  if (config.training.init_by_name) {
+  if (by_name) {
     std::vector<std::string> skipped;
     for (int l : ours) {
       const std::string& name = model.layers[l].config.name;
@@ -251,6 +255,15 @@ std::string checkpoint_problem(const std::string& path) {
     return "";
   } catch (const std::exception& e) {
     return e.what();
+  }
+}
+
+bool is_plain_keras_weights(const std::string& path) {
+  try {
+    KerasWeightsFile f(path);
+    return !f.has_halotrain() && !f.layer_names().empty();
+  } catch (const std::exception&) {
+    return false;
   }
 }
 

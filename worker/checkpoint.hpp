@@ -38,6 +38,9 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
 
 // "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
 std::string checkpoint_problem(const std::string& path);
+// Whether `path` is a readable Keras weights file without halotrain's state (an import's
+// init weights, a Keras save_weights file).
+bool is_plain_keras_weights(const std::string& path);
 
 // The checkpoint `checkpoint.resume` asks for: the newest one in run_dir/checkpoints whose
 // checksum verifies (`auto`; torn or corrupt newer files are skipped with a warning naming
@@ -58,6 +61,10 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
 // params.staging_allocator(). Throws ConfigError naming the file, layer, weight, expected
 // and found.
 void load_init_weights(const Config& config, const ModelSpec& model, ParamStore& params);
+// The same from any Keras weights file (a plain one given to predict or evaluate as
+// --checkpoint); `what` starts the messages ("--checkpoint x.h5").
+void load_keras_weights(const std::string& path, const std::string& what, bool by_name, const ModelSpec& model,
+                        ParamStore& params);
 
 // A short hex digest of the model part of the config (input, loss, every layer's type,
 // name and the values that are part of the model: LayerKey::in_model_hash).

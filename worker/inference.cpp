@@ -23,9 +23,15 @@ namespace ht {
 
 namespace {
 
-// The checkpoint to run: the one named (it must verify and be of this model), or the
-// newest valid one in run_dir/checkpoints.
-std::string choose_checkpoint(const Config& config, const ModelSpec& model, const std::string& named) {
+// The weights to run: the checkpoint named (it must verify and be of this model) or a plain
+// Keras weights file named (an import's init weights: loaded as training.init_weights
+// would be), or the newest valid checkpoint in run_dir/checkpoints.
+struct Weights {
+  std::string path;
+  bool plain = false;  // a Keras weights file without halotrain's state
+};
+
+Weights choose_checkpoint(const Config& config, const ModelSpec& model, const std::string& named) {
   std::string path = named;
   if (path.empty()) {
     const std::string dir = config.run_dir + "/checkpoints";
@@ -40,6 +46,7 @@ std::string choose_checkpoint(const Config& config, const ModelSpec& model, cons
   } else {
     if (const std::string problem = input_file_problem(path); !problem.empty())
       throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
+    if (is_plain_keras_weights(path)) return {path, true};
     if (const std::string problem = checkpoint_problem(path); !problem.empty())
       throw ConfigError(fmt::format("--checkpoint {}: {}", path, problem));
   }
@@ -48,7 +55,7 @@ std::string choose_checkpoint(const Config& config, const ModelSpec& model, cons
     throw ConfigError(fmt::format("--checkpoint {} was written for another model (model hash {}, {}'s is {}): its "
                                   "layers or model.input differ",
                                   path, hash, config.source_path, model_hash(model)));
-  return path;
+  return {path, false};
 }
 
 // A FIFO, directory or device is refused before anything opens it (it could block); a
@@ -148,7 +155,7 @@ class PredictionFile {
 class InferenceWorker {
  public:
   InferenceWorker(const Config& config, const ShardPlan& plan, int rank, Comm& world, const BackendOptions& options,
-                  const DeviceWorldFactory& device_world, const std::string& checkpoint)
+                  const DeviceWorldFactory& device_world, const Weights& checkpoint)
       : config_(config), plan_(plan), rank_(rank), policies_(plan.model.layers.size(), ActivationPolicy::Keep) {
     backend_ = make_backend(options);
     if (device_world) device_world_ = device_world(*backend_);
@@ -156,7 +163,11 @@ class InferenceWorker {
     group_ = world_->split(plan.group_of(rank));
     params_ = std::make_unique<ParamStore>(plan.model, *backend_, Gradients::None);
     OptimizerState none;
-    step_ = load_checkpoint(checkpoint, config, plan.model, *params_, none, *backend_, false).step;
+    if (checkpoint.plain)
+      load_keras_weights(checkpoint.path, "--checkpoint " + checkpoint.path, config.training.init_by_name, plan.model,
+                         *params_);
+    else
+      step_ = load_checkpoint(checkpoint.path, config, plan.model, *params_, none, *backend_, false).step;
     const int micro = config.training.batch_size / config.training.accumulate;
     LayerContext ctx{plan, rank, *world_, *group_, *backend_, *params_, micro / plan.groups, micro, policies_};
     for (int l = 0; l < int(plan.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
@@ -276,12 +287,13 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
     throw ConfigError(fmt::format("{}: nothing to evaluate on: set data.validation or pass --data FILE.h5",
                                   config.source_path));
   check_input_file(result.data, "--data");
-  result.checkpoint = choose_checkpoint(config, model, checkpoint);
+  const Weights weights = choose_checkpoint(config, model, checkpoint);
+  result.checkpoint = weights.path;
   const ShardPlan plan = inference_plan(config, model, Inference::Evaluate);
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Evaluate).total;
   bool root = false;  // this process holds rank 0 (under MPI, one process does)
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
-    InferenceWorker worker(config, plan, rank, world, backend, dw, result.checkpoint);
+    InferenceWorker worker(config, plan, rank, world, backend, dw, weights);
     BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Evaluate, result.data);
     MetricValues values = worker.evaluate(source);
     const uint64_t peak = max_of(worker.peaks());
@@ -307,7 +319,7 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
                                 const std::string& output) {
   const ModelSpec model = build_model_spec(config);
   check_input_file(input, "--input");
-  const std::string ckpt = choose_checkpoint(config, model, checkpoint);
+  const Weights ckpt = choose_checkpoint(config, model, checkpoint);
   const ShardPlan plan = inference_plan(config, model, Inference::Predict);
   PredictionResult result;
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Predict).total;

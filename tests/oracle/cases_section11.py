@@ -65,7 +65,7 @@ CASES = {
             dict(type="layer_norm"),
             dict(type="dense", units=3),
         ],
-        grids=[[1, 1], [2, 2], [2, 1], [1, 2]],
+        grids=[[1, 1], [2, 2], [2, 1], [1, 3], [4, 1]],
         mpi=[(4, [2, 2])],
     ),
     # DeepLabV3's ASPP: a 1x1 branch, a dilated 3x3 branch and the pooling branch (global
