@@ -8,7 +8,7 @@
 #include <cctype>
 #include <fstream>
 
-#include "importer/onnx_translator.hpp"
+#include "importer/onnx_ops.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 namespace ht {
@@ -246,12 +246,7 @@ void Translator::translate_fused(const onnx::NodeProto& n, const Fused& f) {
       weights.push_back({names[k], {c}, v});
     }
   }
-  Value y = add_layer(n, f.type, f.keys, {&x}, weights);
-  if (f.type == "layer_norm" && x.layout == Layout::NHWC) {  // it stays channels-last, as ONNX sees it
-    y.layout = Layout::NHWC;
-    y.dims = x.dims;
-  }
-  bind(n.output(0), y);
+  bind(n.output(0), same_layout(x, add_layer(n, f.type, f.keys, {&x}, weights)));
 }
 
 // PyTorch models end in raw scores: logits of a cross-entropy (several classes, per image

@@ -282,15 +282,17 @@ void reshape(Translator& t, const onnx::NodeProto& n) {
                                show(x.dims), show(to)));
 }
 
-// Transpose between NCHW and channels-last: the same halotrain tensor, read the other way.
+// Transpose between NCHW and channels-last: the same halotrain tensor, read the other way
+// (a [N, C, 1, 1] channel vector too: ConvNeXt's head normalises it channels-last).
 void transpose(Translator& t, const onnx::NodeProto& n) {
   Value y = t.value_in(n, 0);
   const std::vector<int64_t> perm = t.ints(n, "perm");
-  if (y.layout == Layout::NCHW && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+  const bool nchw = y.layout == Layout::NCHW || (y.layout == Layout::Vector && y.dims.size() == 4);
+  if (nchw && perm == std::vector<int64_t>{0, 2, 3, 1}) {
     y.layout = Layout::NHWC;
     y.dims = {y.dims[0], y.dims[2], y.dims[3], y.dims[1]};
   } else if (y.layout == Layout::NHWC && perm == std::vector<int64_t>{0, 3, 1, 2}) {
-    y.layout = Layout::NCHW;
+    y.layout = t.is_map(y) ? Layout::NCHW : Layout::Vector;
     y.dims = {y.dims[0], y.dims[3], y.dims[1], y.dims[2]};
   } else {
     t.unsupported(n, fmt::format("perm {} of a tensor of shape {} (NCHW <-> NHWC only)", show(perm), show(y.dims)));

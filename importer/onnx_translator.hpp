@@ -96,6 +96,7 @@ class Translator {
   // The weights of the layer holding `v`, to add a bias into (a MatMul's Add).
   ImportedWeights* weights_of(const Value& v);
   Shape3 shape_of(const Value& v) const;
+  bool is_map(const Value& v) const { return shapes_.at(v.layer).second; }  // a feature map, not a channel vector
   bool final_node(const onnx::NodeProto& n) const;
   Value fold(LossType loss, const onnx::NodeProto& n, const Value& from);
   void note_flatten(const std::string& layer) { flattens_.push_back(layer); }

@@ -84,6 +84,9 @@ endforeach()
 ht_script_test(import_keras "import" 600 import/keras_import_test.py ${CMAKE_BINARY_DIR}/import-keras)
 # ... and of ONNX files from torch.onnx.export: torchvision resnet18 and a U-Net trained as torch does.
 ht_script_test(import_onnx "import" 600 import/onnx_import_test.py ${CMAKE_BINARY_DIR}/import-onnx)
+# ... and of the convolutional models of torchvision (tests/import/zoo_test.py): predict on a 2x2
+# grid equal to torch's eval forward, three of them trained sharded equal to torch.
+ht_script_test(import_zoo "import" 900 import/zoo_test.py ${CMAKE_BINARY_DIR}/import-zoo)
 
 # The graph configs (unet-demo, resnet-mammo at 1/16 on CPU) train with the memory model exact.
 ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${CMAKE_BINARY_DIR}/graph-configs)
