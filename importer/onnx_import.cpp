@@ -24,6 +24,24 @@ std::string sanitize(const std::string& s) {
   return out;
 }
 
+// A node's name as a layer name: torch's module scopes ("/features/features.1/block/Conv")
+// without the components the next one repeats ("features.1_block_Conv").
+std::string layer_name(const std::string& node) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  while (at <= node.size()) {
+    const size_t slash = std::min(node.find('/', at), node.size());
+    if (slash > at) parts.push_back(node.substr(at, slash - at));
+    at = slash + 1;
+  }
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i + 1 < parts.size() && parts[i + 1].rfind(parts[i] + ".", 0) == 0) continue;
+    out += (out.empty() ? "" : "_") + parts[i];
+  }
+  return sanitize(out);
+}
+
 }  // namespace
 
 Translator::Translator(std::string source) { out_.source = std::move(source); }
@@ -89,7 +107,7 @@ std::vector<const Value*> Translator::values_in(const onnx::NodeProto& n) const 
 }
 
 std::string Translator::name_for(const onnx::NodeProto& n) {
-  std::string base = sanitize(n.name());
+  std::string base = layer_name(n.name());
   if (base.empty()) base = sanitize(n.op_type()) + "_" + std::to_string(index_);
   std::string name = base;
   for (int k = 2; taken_.count(name) || name == kInputName; ++k) name = base + "_" + std::to_string(k);
@@ -111,10 +129,11 @@ Value Translator::add_layer(const onnx::NodeProto& n, const std::string& type,
     ins.push_back(shapes_.at(v->layer).first);
     ins_spatial.push_back(shapes_.at(v->layer).second);
   }
-  c.inputs = names;
   LayerSpec spec;
   try {
-    spec = shape_layer(c, ins, ins_spatial);
+    LayerConfig named = c;
+    named.inputs = names;  // for the shape's messages; append_layer writes inputs only where needed
+    spec = shape_layer(named, ins, ins_spatial);
   } catch (const LayerShapeError& e) {
     unsupported(n, fmt::format("cannot be a halotrain {} here: {}", type, e.what()));
   }

@@ -155,6 +155,15 @@ GridShape plan_grid(const Config& config, const ModelSpec& model, int groups) {
 }
 
 Plan make_plan(const Config& config, ShardPlan shards) {
+  // torch refuses batch norm over fewer than 2 values per channel; so does training here.
+  const int micro = config.training.batch_size / std::max(config.training.accumulate, 1);
+  for (const LayerSpec& l : shards.model.layers)
+    if (l.config.type() == "batch_norm" && int64_t(micro) * l.in.h * l.in.w < 2)
+      throw ConfigError(fmt::format(
+          "{}: layer '{}' (batch_norm) normalises a {} over {} image{} per (micro-)batch: fewer than 2 values per "
+          "channel, which batch statistics cannot be taken of (torch refuses it too); raise training.batch_size "
+          "(/ accumulate) to at least 2",
+          config.source_path, l.config.name, l.spatial ? "1x1 map" : "channel vector", micro, micro == 1 ? "" : "s"));
   Plan p;
   p.shards = std::move(shards);
   p.policies = activation_policies(config, p.shards);

@@ -33,11 +33,18 @@ std::string window_text(const LayerSpec& l) {
   switch (l.rows.kind) {
     case WindowKind::Slide: break;
     case WindowKind::Transpose: return fmt::format("{}x{} up{}", l.rows.kernel, l.cols.kernel, l.rows.stride);
-    case WindowKind::Nearest: return fmt::format("up{}x{} near", l.rows.stride, l.cols.stride);
-    case WindowKind::Bilinear: return fmt::format("up{}x{} bilin", l.rows.stride, l.cols.stride);
+    case WindowKind::Nearest:
+    case WindowKind::Bilinear: {
+      const char* how = l.rows.kind == WindowKind::Nearest ? "near" : "bilin";
+      if (l.rows.out == l.rows.in * l.rows.stride && l.cols.out == l.cols.in * l.cols.stride)
+        return fmt::format("up{}x{} {}", l.rows.stride, l.cols.stride, how);
+      return fmt::format("to {}x{} {}", l.rows.out, l.cols.out, how);
+    }
     case WindowKind::Shift: return "shift";
   }
-  return fmt::format("{}x{} s{} d{}", l.rows.kernel, l.cols.kernel, l.rows.stride, l.rows.dilation);
+  auto pair = [](int a, int b) { return a == b ? std::to_string(a) : fmt::format("{}x{}", a, b); };
+  return fmt::format("{}x{} s{} d{}", l.rows.kernel, l.cols.kernel, pair(l.rows.stride, l.cols.stride),
+                     pair(l.rows.dilation, l.cols.dilation));
 }
 
 int nodes_used(const Config& config, const ShardPlan& plan) { return node_of(config, plan.world() - 1) + 1; }
@@ -175,6 +182,13 @@ std::string render_plan_text(const Config& config, const Plan& job) {
                      fmt::format("{}/{}", h.cols_left, h.cols_right)));
   }
   if (!any_windowed) line("  (no windowed layers: nothing is exchanged)");
+  if (plan.tail >= 0) {
+    const LayerSpec& first = m.layers[plan.tail - 1];
+    line(fmt::format("  the tail: from {} ({}x{}, fewer rows or cols than the grid, or after such a map) every "
+                     "shard gathers the maps whole; its {} layers run replicated, their weight gradients counted "
+                     "once per sample group",
+                     first.config.name, first.out.h, first.out.w, int(m.layers.size()) - (plan.tail - 1)));
+  }
   line("");
 
   line(fmt::format("activations kept for backward (parallel.activations: {}):",
@@ -272,10 +286,12 @@ std::string render_plan_json(const Config& config, const Plan& job) {
     const HaloWidths h = halo_widths(plan, int(l));
     s += fmt::format(
         "    {{\"index\": {}, \"name\": {}, \"type\": {}, \"windowed\": {}, \"spatial\": {}, "
+        "\"sharded\": {}, \"gathers\": {}, "
         "\"input\": [{}, {}, {}], \"output\": [{}, {}, {}], \"activations\": {}, "
         "\"halo\": {{\"rows_above\": {}, \"rows_below\": {}, \"cols_left\": {}, \"cols_right\": {}}}}}{}\n",
         l, json_string(L.config.name), json_string(L.config.type()), L.windowed() ? "true" : "false",
-        L.spatial ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c,
+        L.spatial ? "true" : "false", plan.layers[l].sharded ? "true" : "false",
+        plan.layers[l].gathers ? "true" : "false", L.in.h, L.in.w, L.in.c, L.out.h, L.out.w, L.out.c,
         json_string(to_string(policies[l])), h.rows_above,
         h.rows_below, h.cols_left, h.cols_right, l + 1 < m.layers.size() ? "," : "");
   }

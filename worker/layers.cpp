@@ -73,7 +73,8 @@ std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, cons
     // A replicated input read by every shard: its gradient is the sum of theirs.
     if (!replicated())
       for (size_t k = 0; k < dx.size(); ++k)
-        if (input_replicated(k) && !dx[k].empty()) ctx_.group.allreduce_sum(dx[k].data(), dx[k].size());
+        if (input_replicated(k) && !dx[k].empty())
+          collective([&] { ctx_.group.allreduce_sum(dx[k].data(), dx[k].size()); });
   }
   // Every shard of a group computed the same weight gradients: they count once.
   if (replicated() && !ctx_.group_leader()) zero_weight_gradients();
@@ -99,7 +100,7 @@ LayerInputs Layer::gather_inputs(const LayerInputs& xs) {
     ctx_.backend.fill_zero(g.data(), g.size());
     ctx_.backend.unpack_rect(x.data(), x.n(), s.c, s.h, s.w, own.rows.lo, own.cols.lo, own.rows.size(),
                              own.cols.size(), g.data(), ComputeBackend::Unpack::Overwrite);
-    ctx_.group.allreduce_sum(g.data(), g.size());
+    collective([&] { ctx_.group.allreduce_sum(g.data(), g.size()); });
     whole[k] = &g;
   }
   return whole;
@@ -123,12 +124,12 @@ void Layer::zero_weight_gradients() {
 }
 
 void Layer::sum_over_image(double* values, size_t count) {
-  if (!input_replicated()) ctx_.group.allreduce_sum_host(values, count);
+  if (!input_replicated()) collective([&] { ctx_.group.allreduce_sum_host(values, count); });
 }
 
 void Layer::sum_over_batch(double* values, size_t count) {
   if (input_replicated() && !ctx_.group_leader()) std::fill(values, values + count, 0.0);
-  ctx_.world.allreduce_sum_host(values, count);
+  collective([&] { ctx_.world.allreduce_sum_host(values, count); });
 }
 
 namespace {
@@ -361,13 +362,13 @@ class GlobalMaxPoolLayer : public Layer {
     std::vector<double> mine(planes), all(planes * size_t(shards), 0.0);
     ctx_.backend.global_max(x.n(), x.c(), hw, x.data(), mine.data());
     std::copy(mine.begin(), mine.end(), all.begin() + size_t(me) * planes);
-    if (split) ctx_.group.allreduce_sum_host(all.data(), all.size());
+    if (split) collective([&] { ctx_.group.allreduce_sum_host(all.data(), all.size()); });
     max_.assign(planes, -std::numeric_limits<double>::infinity());
     for (int s = 0; s < shards; ++s)
       for (size_t p = 0; p < planes; ++p) max_[p] = std::max(max_[p], all[size_t(s) * planes + p]);
     ties_.assign(planes, 0.0);
     ctx_.backend.global_max_count(x.n(), x.c(), hw, x.data(), max_.data(), ties_.data());
-    if (split) ctx_.group.allreduce_sum_host(ties_.data(), ties_.size());
+    if (split) collective([&] { ctx_.group.allreduce_sum_host(ties_.data(), ties_.size()); });
     std::vector<float> out(max_.begin(), max_.end());
     Tensor y(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "output of " + label());
     ctx_.backend.from_host(y.data(), out.data(), out.size() * sizeof(float));

@@ -3,6 +3,7 @@
 // backend or comm they run on.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -72,6 +73,10 @@ class Layer {
   // Drops what forward kept for backward (the gathered inputs too).
   void release_saved();
 
+  // Wall seconds this layer has spent in collectives (batch statistics, global pools,
+  // gathers, the gradients of replicated inputs) since it was made, waiting included.
+  double collective_seconds() const { return collective_seconds_; }
+
  protected:
   // What a kind keeps between its forward and backward, dropped.
   virtual void release_kept() {}
@@ -100,6 +105,13 @@ class Layer {
   // Sums per-image statistics over the whole image: over the shards of this rank's group
   // when the first input is split; a replicated one is whole here already.
   void sum_over_image(double* values, size_t count);
+  // Runs one collective, timed into collective_seconds().
+  template <class F>
+  void collective(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    collective_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   LayerContext ctx_;
   int index_;
@@ -109,6 +121,7 @@ class Layer {
   void crop_to_owned(std::vector<Tensor>& dx);        // the gradients of gathered inputs, this rank's part
   void zero_weight_gradients();
   std::vector<Tensor> gathered_;
+  double collective_seconds_ = 0;
 };
 
 // Makes the layer at `index` of the plan's model from the kernels registered for its kind.

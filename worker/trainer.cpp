@@ -141,6 +141,7 @@ void Trainer::recycle_in_process() {
   // Everything the device holds is destroyed, in reverse order of creation, then rebuilt;
   // the data reader holds no device state and stays.
   const HostSnapshot snapshot = take_snapshot();
+  bank_collective_seconds();
   layers_.clear();
   optimizer_ = OptimizerState{};
   grad_sum_.release();
@@ -386,6 +387,25 @@ void Trainer::log_halo_traffic(int64_t steps) {
              inter / uint64_t(std::max<int64_t>(steps, 1)), planned.intra_node, planned.inter_node);
 }
 
+void Trainer::bank_collective_seconds() {
+  for (const auto& layer : layers_) collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
+}
+
+void Trainer::log_collectives(int64_t steps, double step_seconds) {
+  bank_collective_seconds();
+  if (rank_ != 0 || collective_seconds_.empty()) return;
+  std::string parts;
+  double total = 0;
+  for (const auto& [kind, s] : collective_seconds_) {
+    if (s <= 0) continue;
+    total += s;
+    parts += fmt::format("{}{} {:.2f} ms", parts.empty() ? "" : ", ", kind, 1e3 * s / double(steps));
+  }
+  if (total <= 0) return;
+  log().info("collectives inside layers, per step on rank 0 (waiting included): {}; {:.1f}% of the step time",
+             parts, 100.0 * total / std::max(step_seconds, 1e-12));
+}
+
 std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
   std::vector<double> peaks(world_->size(), 0.0);
   peaks[rank_] = double(local);
@@ -516,10 +536,12 @@ TrainSummary Trainer::run() {
   const int64_t every = config_.checkpoint.every_steps;
   const int64_t recycle_every = config_.recycle.every_steps;
   summary.steps = start_step_;
+  double step_seconds = 0;  // the training steps' wall time, for the collectives' share
   for (int64_t step = start_step_; step < total; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     summary.final_loss = train_step(step);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_seconds += seconds;
     const int64_t done = step + 1;
     const bool last = done == total;
     const int64_t every_val = config_.training.validate_every;
@@ -551,6 +573,7 @@ TrainSummary Trainer::run() {
   if (summary.steps > start_step_) {
     write_memory_report();
     log_halo_traffic(summary.steps - start_step_);
+    log_collectives(summary.steps - start_step_, step_seconds);
   }
   if (rank_ == 0) {
     const std::string page = refresh_report();

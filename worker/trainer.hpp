@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -69,6 +70,8 @@ class Trainer {
   uint64_t max_peak_over_ranks();
   void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank
   void log_halo_traffic(int64_t steps);  // collective: measured halo bytes per step vs the plan's
+  void bank_collective_seconds();        // the layers' collective times, before they go
+  void log_collectives(int64_t steps, double step_seconds);  // rank 0: their share of the steps
   std::string refresh_report();  // rank 0: run_dir/report.html from the run's files so far; "" if not
   void report(int64_t step, double loss, double seconds, uint64_t peak, bool logged, const MetricValues& val);
 
@@ -94,6 +97,7 @@ class Trainer {
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
   Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::map<std::string, double> collective_seconds_;  // per layer kind, of the layers recycled so far
   std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;
   struct Reporter;
