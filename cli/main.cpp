@@ -238,9 +238,11 @@ int run(int argc, char** argv) {
 
   std::string model_file, import_config, import_weights;
   auto* import = app.add_subcommand("import", "a Keras model (.h5 from model.save, or .json) as a config and init weights");
-  import->add_option("MODEL", model_file, "Keras model file")->required();
+  import->add_option("MODEL", model_file, "Keras model file (.h5, .json) or ONNX file (.onnx)")->required();
   import->add_option("-o,--output", import_config, "config to write (default: MODEL's name with .yaml)");
   import->add_option("--weights", import_weights, "init weights to write (default: MODEL's name with -init.h5)");
+  std::string input_size;
+  import->add_option("--input-size", input_size, "H,W: the image size of a model whose input leaves it open");
 
   std::string file;
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
@@ -278,7 +280,19 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*inspect) return inspect_file(file, std::cout);
-  if (*import) return run_import(model_file, import_config, import_weights, std::cout);
+  if (*import) {
+    ImportOptions options;
+    if (!input_size.empty()) {
+      int h = 0, w = 0;
+      char comma = 0, rest = 0;
+      if (std::sscanf(input_size.c_str(), "%d%c%d%c", &h, &comma, &w, &rest) != 3 || comma != ',' || h < 1 || w < 1)
+        throw ConfigError(fmt::format("--input-size {}: expected H,W (two integers >= 1, such as 1024,768)",
+                                      input_size));
+      options.input_height = h;
+      options.input_width = w;
+    }
+    return run_import(model_file, import_config, import_weights, options, std::cout);
+  }
   return 1;
 }
 

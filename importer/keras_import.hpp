@@ -30,17 +30,24 @@ struct ImportedModel {
   std::vector<ImportedWeights> weights;  // ONNX: converted at import; Keras: read by write_imported_weights
 };
 
-// Reads a Keras JSON model (model.to_json(), or a model.save() file's model_config).
-// ConfigError naming `source`, the layer, its class and the attribute for anything
-// halotrain cannot express, with the supported classes listed.
-ImportedModel import_keras_json(const std::string& json_text, const std::string& source);
+// What `halotrain import` is told beside the model file.
+struct ImportOptions {
+  // --input-size H,W: the image size of a model whose input leaves it open (0: none given).
+  int input_height = 0, input_width = 0;
+};
+
+// Reads a Keras JSON model (model.to_json(), or a model.save() file's model_config;
+// importer/keras_layers.cpp). ConfigError naming `source`, the layer, its class and the
+// attribute for anything halotrain cannot express, with the supported classes listed.
+ImportedModel import_keras_json(const std::string& json_text, const std::string& source,
+                                const ImportOptions& options = {});
 
 // A .json file, or an HDF5 model.save() file (its model_config attribute and weights).
-ImportedModel import_keras_file(const std::string& path);
+ImportedModel import_keras_file(const std::string& path, const ImportOptions& options = {});
 
 // An ONNX file (importer/onnx_import.cpp): nodes as halotrain layers, node names sanitised
 // and kept where unique, initializers as Keras-layout weights.
-ImportedModel import_onnx_file(const std::string& path);
+ImportedModel import_onnx_file(const std::string& path, const ImportOptions& options = {});
 
 // For the readers: a layer of `type` named `name`, and its appending to `model` reading
 // `inputs` (halotrain names; `inputs` is written only where it is not the layer before).
@@ -49,9 +56,9 @@ LayerConfig imported_layer(const std::string& type, const std::string& name,
                            const std::vector<std::pair<std::string, LayerValue>>& values = {});
 std::string append_layer(ModelConfig& model, LayerConfig layer, const std::vector<std::string>& inputs);
 
-// The checks every import ends with: the model spec builds (shapes work), and Flatten
-// layers (`flattens`, halotrain names) read 1x1 maps. ConfigError naming `m.source`.
-void check_imported(const ImportedModel& m, const std::vector<std::string>& flattens);
+// The check every import ends with: the model spec builds (shapes work). ConfigError
+// naming `m.source`.
+void check_imported(const ImportedModel& m);
 
 // The config text: the model section is the imported model; data (synthetic data of the
 // model's input size, to replace), training and parallel are defaults to edit.
@@ -66,6 +73,7 @@ void write_imported_weights(const ImportedModel& model, const std::string& path)
 // The command: reads a .onnx file as ONNX and anything else as Keras; writes `config_path`
 // (default: MODEL's stem + ".yaml") and, when the model file holds weights, `weights_path`
 // (default: stem + "-init.h5"); reports to `out`.
-int run_import(const std::string& model_path, std::string config_path, std::string weights_path, std::ostream& out);
+int run_import(const std::string& model_path, std::string config_path, std::string weights_path,
+               const ImportOptions& options, std::ostream& out);
 
 }  // namespace ht

@@ -44,7 +44,9 @@ std::string layer_name(const std::string& node) {
 
 }  // namespace
 
-Translator::Translator(std::string source) { out_.source = std::move(source); }
+Translator::Translator(std::string source, const ImportOptions& options) : options_(options) {
+  out_.source = std::move(source);
+}
 
 void Translator::fail(const std::string& why) const { throw ConfigError(fmt::format("{}: {}", out_.source, why)); }
 
@@ -182,9 +184,14 @@ Value Translator::fold(LossType loss, const onnx::NodeProto& n, const Value& fro
 
 void Translator::input(const onnx::ValueInfoProto& in) {
   const auto& shape = in.type().tensor_type().shape();
-  auto fixed = [&](int i) { return shape.dim(i).has_dim_value() ? shape.dim(i).dim_value() : int64_t(-1); };
-  if (shape.dim_size() != 4 || fixed(1) < 1 || fixed(2) < 1 || fixed(3) < 1)
-    fail(fmt::format("input '{}' must be [N, C, H, W] with C, H and W fixed (re-export with a fixed input size)",
+  auto fixed = [&](int i) {
+    if (i >= 2 && options_.input_height > 0) return int64_t(i == 2 ? options_.input_height : options_.input_width);
+    return shape.dim(i).has_dim_value() ? shape.dim(i).dim_value() : int64_t(-1);
+  };
+  if (shape.dim_size() != 4 || fixed(1) < 1)
+    fail(fmt::format("input '{}' must be [N, C, H, W] with C fixed", in.name()));
+  if (fixed(2) < 1 || fixed(3) < 1)
+    fail(fmt::format("input '{}' leaves the image size open; give it: halotrain import MODEL --input-size H,W",
                      in.name()));
   for (int i = 1; i < 4; ++i)
     if (fixed(i) > kMaxExtent)
@@ -280,15 +287,15 @@ void Translator::default_loss() {
 
 }  // namespace onnx_import
 
-ImportedModel import_onnx_file(const std::string& path) {
+ImportedModel import_onnx_file(const std::string& path, const ImportOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot read the model file", path));
   onnx::ModelProto model;
   if (!model.ParseFromIstream(&in))
     throw ConfigError(fmt::format("{}: not an ONNX model (the protobuf does not parse)", path));
-  onnx_import::Translator t(path);
+  onnx_import::Translator t(path, options);
   ImportedModel m = t.run(model);
-  check_imported(m, t.flattens());
+  check_imported(m);
   return m;
 }
 

@@ -247,7 +247,9 @@ void flatten(Translator& t, const onnx::NodeProto& n) {
   const Shape3 s = t.shape_of(x);
   if (s.h == 1 && s.w == 1) {
     Value y = t.add_layer(n, "global_avg_pool", {}, {&x});
-    t.note_flatten(y.layer);
+    t.note(fmt::format("Flatten '{}' of a 1x1 map became a global_avg_pool (the same at this input size; at a "
+                       "larger one it averages the map instead of refusing its size)",
+                       n.name()));
     return t.bind(n.output(0), y);
   }
   Value y = t.add_layer(n, "flatten", {}, {&x});

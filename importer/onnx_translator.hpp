@@ -59,9 +59,8 @@ Constant constant_of(const onnx::TensorProto& t, const std::string& source);
 
 class Translator {
  public:
-  explicit Translator(std::string source);
+  Translator(std::string source, const ImportOptions& options);
   ImportedModel run(const onnx::ModelProto& model);
-  const std::vector<std::string>& flattens() const { return flattens_; }
 
   // --- for the op handlers (onnx_ops.cpp) ----------------------------------------------
   [[noreturn]] void fail(const std::string& why) const;
@@ -99,7 +98,7 @@ class Translator {
   bool is_map(const Value& v) const { return shapes_.at(v.layer).second; }  // a feature map, not a channel vector
   bool final_node(const onnx::NodeProto& n) const;
   Value fold(LossType loss, const onnx::NodeProto& n, const Value& from);
-  void note_flatten(const std::string& layer) { flattens_.push_back(layer); }
+  void note(const std::string& text) { out_.notes.push_back(text); }
   // How many nodes read ONNX tensor `name`.
   int readers(const std::string& name) const {
     auto it = readers_.find(name);
@@ -125,7 +124,7 @@ class Translator {
   std::map<std::string, std::pair<Shape3, bool>> shapes_;  // halotrain tensor -> its shape, whether a map
   std::set<std::string> taken_, matmuls_;
   std::map<std::string, int> readers_;
-  std::vector<std::string> flattens_;
+  const ImportOptions& options_;
   std::map<int, Fused> patterns_;
   std::string output_;
   int index_ = 0;  // the node being translated

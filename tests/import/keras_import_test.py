@@ -381,7 +381,7 @@ def main():
     check("json: plan accepts it", r.returncode == 0, r.stderr[-1000:])
 
     # Every unsupported class of thing: exit 1 naming layer, class and attribute.
-    supported = "halotrain imports InputLayer, Conv2D"
+    supported = "halotrain imports Activation, Add"
     def variant(edit):
         m = copy.deepcopy(FUNCTIONAL)
         edit(m["config"]["layers"])
@@ -390,8 +390,7 @@ def main():
         return lambda ls: ls[i]["config"].update(kv)
     cases = [
         ("unknown class", variant(lambda ls: ls[2].update(class_name="LSTM")), "LSTM 'e1_relu' is not a layer halotrain has"),
-        ("non-square kernel", variant(set_cfg(1, kernel_size=[3, 5])), "Conv2D 'e1' kernel_size [3,5]: halotrain's windows are square"),
-        ("dilation with strides", variant(set_cfg(4, strides=[2, 2])), "Conv2D 'mid' dilation_rate [2,2] with strides [2,2]"),
+        ("kernel size", variant(set_cfg(1, kernel_size=[3, 0])), "Conv2D 'e1' kernel_size [3,0] (two integers >= 1)"),
         ("activation", variant(set_cfg(4, activation="elu")), "Conv2D 'mid' activation 'elu'"),
         ("softmax inside", variant(set_cfg(4, activation="softmax")), "activation 'softmax' before the output"),
         ("channels_first", variant(set_cfg(3, data_format="channels_first")), "MaxPooling2D 'down' data_format channels_first"),
@@ -399,13 +398,13 @@ def main():
         ("output_padding", variant(set_cfg(6, output_padding=[1, 1])), "Conv2DTranspose 'tr' output_padding [1,1]"),
         ("interpolation", variant(set_cfg(5, interpolation="bicubic")), "UpSampling2D 'up' interpolation 'bicubic'"),
         ("concat axis", variant(set_cfg(10, axis=1)), "Concatenate 'cat' axis 1"),
-        ("relu6", variant(set_cfg(2, max_value=6.0)), "ReLU 'e1_relu' max_value 6.0"),
+        ("relu threshold", variant(set_cfg(2, threshold=0.5)), "ReLU 'e1_relu' max_value null negative_slope 0 threshold 0.5"),
         ("shared layer", variant(lambda ls: ls[4].update(inbound_nodes=[[["down", 0, 0, {}]], [["down", 0, 0, {}]]])),
          "Conv2D 'mid' is called 2 times (a shared layer)"),
         ("no fixed size", variant(set_cfg(0, batch_input_shape=[None, None, None, 2])), "InputLayer 'image' batch_input_shape [null,null,null,2]"),
         ("shape mismatch", variant(set_cfg(8, padding=[[1, 1], [2, 1]])),
-         "(concatenate 'cat'): concatenate joins channels of maps of one size: input 'crop' is 23x20x4 but input "
-         "'input' is 24x20x2"),
+         "Concatenate 'cat' cannot be a halotrain concatenate here: concatenate joins channels of maps of one size: "
+         "input 'crop' is 23x20x4 but input 'input' is 24x20x2"),
     ]
     bn = copy.deepcopy(SEQUENTIAL)
     bn["config"][1]["config"]["axis"] = 1
@@ -414,8 +413,8 @@ def main():
     drop["config"][5]["config"]["noise_shape"] = [None, 1, 1, 4]
     cases.append(("noise_shape", drop, "Dropout 'drop' noise_shape [null,1,1,4]"))
     flat = copy.deepcopy(FLATTEN)
-    flat["config"]["layers"][1]["config"]["kernel_size"] = [3, 3]
-    cases.append(("flatten of a map", flat, "Flatten 'flat' of a 6x6x3 map: halotrain flattens only 1x1 maps"))
+    flat["config"]["layers"][2] = L("Reshape", "flat", ["c"], target_shape=[-1])
+    cases.append(("reshape of a map", flat, "Reshape 'flat' target_shape [-1] of a feature map"))
     two = copy.deepcopy(FUNCTIONAL)
     two["config"]["output_layers"].append(["sum", 0, 0])
     cases.append(("two outputs", two, "the model has 2 outputs (out, sum)"))
