@@ -136,14 +136,16 @@ std::vector<ImportedWeights> keras_file_weights(const ImportedModel& m) {
   const std::vector<std::string>& stored = in.layer_names();
   const ModelSpec spec = build_model_spec(imported_config(m, ""));
   std::vector<ImportedWeights> out;
-  for (const std::string& name : m.weighted_layers) {
+  for (const std::string& ours_name : m.weighted_layers) {
+    auto renamed = m.keras_names.find(ours_name);
+    const std::string& name = renamed == m.keras_names.end() ? ours_name : renamed->second;
     if (std::find(stored.begin(), stored.end(), name) == stored.end())
       throw ConfigError(fmt::format("{}: the model_weights hold no weights of layer '{}'", m.source, name));
     ImportedWeights w;
-    w.layer = name;
+    w.layer = ours_name;
     const LayerSpec* ours = nullptr;
     for (const LayerSpec& l : spec.layers)
-      if (l.config.name == name) ours = &l;
+      if (l.config.name == ours_name) ours = &l;
     for (const std::string& stored_name : in.weight_names(name)) {
       const size_t k = w.names.size();
       w.names.push_back(stored_name.substr(stored_name.rfind('/') + 1));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct ImportedModel {
   ModelConfig model;   // input, layers (Keras names kept; inputs where the graph branches), loss
   // Per halotrain layer with weights: the Keras layer whose weights it takes (its own name).
   std::vector<std::string> weighted_layers;
+  // Keras layer names halotrain cannot keep ('/' is an HDF5 group separator: DenseNet's
+  // "conv1/conv"), by the halotrain name that stands for them.
+  std::map<std::string, std::string> keras_names;
   std::vector<std::string> notes;  // what the import folded or changed, for the user
   bool has_weights = false;        // a model.save() file (weights under model_weights), or ONNX initializers
   std::vector<ImportedWeights> weights;  // ONNX: converted at import; Keras: read by write_imported_weights

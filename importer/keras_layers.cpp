@@ -83,8 +83,11 @@ class Translator {
   // Appends a halotrain layer reading `inputs` (halotrain names); returns its name.
   std::string add(const KerasLayer& l, const std::string& type, const std::string& name,
                   const std::vector<std::pair<std::string, LayerValue>>& keys, const std::vector<std::string>& inputs) {
-    LayerConfig c = imported_layer(type, name, keys);
+    std::string clean = name;
+    std::replace(clean.begin(), clean.end(), '/', '_');
+    LayerConfig c = imported_layer(type, clean, keys);
     while (taken_.count(c.name)) c.name += "_";
+    if (c.name != name && name == l.name) out_.keras_names[c.name] = name;
     taken_.insert(c.name);
     std::vector<Shape3> ins;
     std::vector<bool> spatial;

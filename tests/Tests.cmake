@@ -87,6 +87,10 @@ ht_script_test(import_onnx "import" 600 import/onnx_import_test.py ${CMAKE_BINAR
 # ... and of the convolutional models of torchvision (tests/import/zoo_test.py): predict on a 2x2
 # grid equal to torch's eval forward, three of them trained sharded equal to torch.
 ht_script_test(import_zoo "import" 900 import/zoo_test.py ${CMAKE_BINARY_DIR}/import-zoo)
+# ... and keras.applications as Keras 2.1 and 2.2 saved them (VGG16, ResNet50, InceptionV3,
+# MobileNet, Xception, DenseNet121, at reduced width) and a model of the newer vocabulary,
+# trained a step sharded equal to PyTorch float64 (tests/import/keras_apps_test.py).
+ht_script_test(import_keras_apps "import" 900 import/keras_apps_test.py ${CMAKE_BINARY_DIR}/import-keras-apps)
 
 # The graph configs (unet-demo, resnet-mammo at 1/16 on CPU) train with the memory model exact.
 ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${CMAKE_BINARY_DIR}/graph-configs)
