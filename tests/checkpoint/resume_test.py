@@ -4,7 +4,8 @@
 - N steps straight == N/2 steps + resume to N, bit for bit (Adam, batch norm, shuffling,
   an epoch boundary crossed), and the same with recycle in_process and restart;
 - train on grid 2x1, resume on 1x2: equal within float tolerance;
-- a graph (residual add, dropout, upsampling, concatenate, shifts, transposed conv):
+- a graph (residual add, dropout, upsampling, concatenate, shifts, transposed conv, group
+  and instance norm, stochastic depth):
   resume and recycle bit for bit, and grid 1x1 equal to 2x1 (the same dropout masks);
 - a torn newest checkpoint is skipped with a warning naming it;
 - a checkpoint of another model is refused with exit 1;
@@ -58,7 +59,8 @@ def config(tag, leak_mib=0, **over):
 
 def graph_config(tag, **over):
     """A graph (SPEC section 7): a residual add, dropout, a U-Net style skip through an
-    upsampling and a concatenation, zero padding and cropping."""
+    upsampling and a concatenation, zero padding and cropping; group and instance norm and
+    stochastic depth (section 11)."""
     cfg = dict(
         name=tag, run_dir=os.path.join(WORK, tag), seed=5,
         data=dict(train=os.path.join(WORK, "data.h5"), shuffle=True),
@@ -66,16 +68,19 @@ def graph_config(tag, **over):
             dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
             dict(type="batch_norm", momentum=0.9),
             dict(type="relu", name="a"),
-            dict(type="separable_conv2d", filters=4, kernel=3, padding="same"),
-            dict(type="add", inputs=["separable_conv2d_1", "a"]),
+            dict(type="separable_conv2d", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="instance_norm", name="b"),
+            dict(type="add", inputs=["b", "a"]),
             dict(type="dropout", rate=0.3),
             dict(type="max_pool2d", pool=2),
             dict(type="conv2d", filters=4, kernel=3, padding="same"),
+            dict(type="group_norm", groups=2),
             dict(type="upsampling2d", interpolation="bilinear", name="up"),
             dict(type="concatenate", inputs=["up", "a"]),
             dict(type="zero_padding2d", padding=1),
             dict(type="cropping2d", cropping=[[1, 1], [0, 2]]),
             dict(type="conv2d_transpose", filters=3, kernel=3, stride=2, padding="same"),
+            dict(type="drop_path", rate=0.3),
             dict(type="global_avg_pool"),
             dict(type="dense", units=2)]),
         training=dict(batch_size=4, steps=8, optimizer=dict(type="adam", lr=0.01)),

@@ -5,7 +5,11 @@
   measured one on every rank, and the last validation's dice is above 0.5;
 - configs/resnet-mammo.yaml (a CUDA config for 5928 x 4728 images) on the CPU backend at
   1/16 of the size, 2 steps on its grid [2, 1] with its planned policies and with
-  recompute: exits 0 and predicted == measured on every rank.
+  recompute: exits 0 and predicted == measured on every rank;
+- configs/nnunet-demo.yaml as shipped (instance norm): the same as unet-demo;
+- configs/efficientnet-mammo.yaml (torchvision's EfficientNet-B0 for the seed case) on the
+  CPU backend at 1/16 of the size, 2 steps on grid [3, 1], its tail gathered: exits 0 and
+  predicted == measured on every rank.
 
 usage: graph_configs_test.py HALOTRAIN WORKDIR
 """
@@ -49,10 +53,11 @@ def exact_memory(tag, run_dir):
           ", ".join(f"r{i} {m}/{p}" for i, (m, p) in enumerate(pairs)))
 
 
-work, out = train("unet-demo", "unet-demo.yaml", [])
-exact_memory("unet-demo", os.path.join(work, "runs", "unet-demo"))
-dice = [float(v) for v in re.findall(r"val_dice ([0-9.]+)", out)]
-check("unet-demo: learns (last val_dice > 0.5)", bool(dice) and dice[-1] > 0.5, f"val_dice {dice}")
+for demo in ("unet-demo", "nnunet-demo"):
+    work, out = train(demo, f"{demo}.yaml", [])
+    exact_memory(demo, os.path.join(work, "runs", demo))
+    dice = [float(v) for v in re.findall(r"val_dice ([0-9.]+)", out)]
+    check(f"{demo}: learns (last val_dice > 0.5)", bool(dice) and dice[-1] > 0.5, f"val_dice {dice}")
 
 small = ["parallel.backend=cpu", "parallel.device_memory=4GiB", "model.input=[371,296,1]",
          "data.synthesize.height=371", "data.synthesize.width=296", "training.steps=2", "checkpoint.every_steps=0",
@@ -61,6 +66,10 @@ for policy in ("auto", "recompute"):
     tag = f"resnet-mammo-{policy}"
     work, _ = train(tag, "resnet-mammo.yaml", small + [f"parallel.activations={policy}", f"run_dir=runs/{tag}"])
     exact_memory(tag, os.path.join(work, "runs", tag))
+
+work, _ = train("efficientnet-mammo", "efficientnet-mammo.yaml",
+                small + ["parallel.grid=[3,1]", "run_dir=runs/efficientnet-mammo"])
+exact_memory("efficientnet-mammo", os.path.join(work, "runs", "efficientnet-mammo"))
 
 print(f"{len(FAILED)} failed" if FAILED else "all passed")
 sys.exit(1 if FAILED else 0)
