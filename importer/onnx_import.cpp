@@ -228,7 +228,11 @@ ImportedModel Translator::run(const onnx::ModelProto& model) {
   output_ = g.output(0).name();
   for (const onnx::NodeProto& n : g.node())
     for (const std::string& in : n.input()) ++readers_[in];
-  patterns_ = find_patterns(g, constants_);
+  try {
+    patterns_ = find_patterns(g, constants_);
+  } catch (const ConfigError& e) {  // a subgraph recognised to be refused
+    fail(e.what());
+  }
   for (index_ = 0; index_ < g.node_size(); ++index_) translate(g.node(index_), index_);
   const std::string last = value(output_).layer;
   if (last == kInputName) fail("the graph's output is its input");

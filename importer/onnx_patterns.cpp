@@ -3,7 +3,8 @@
 // (x * HardSigmoid(x)), GELU in its erf and tanh forms, LayerNorm before opset 17 (its
 // epsilon an Add constant), torch's GroupNorm (Reshape, InstanceNormalization, Reshape,
 // Mul, Add) and ShuffleNet's channel shuffle (Reshape, Transpose, Reshape). Every inner node
-// must feed only the next one, so nothing else reads what the layer replaces.
+// must feed only the next one, so nothing else reads what the layer replaces. Instance norm
+// with running statistics is recognised to be refused by name.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -273,13 +274,30 @@ void channel_shuffle(const GraphIndex& gi, int i, Found& out) {
                    {{"groups", int64_t(gi.constant(rs1.input(1))->values[1])}}, {}, {i, tr}};
 }
 
+// torch's instance norm with running statistics (InstanceNorm2d(track_running_stats=True))
+// exports as a BatchNormalization of the input reshaped to [1, N * C, H, W], its weights
+// Tiled per image: refused by name, since instance_norm keeps no moving statistics.
+void instance_norm_running_stats(const GraphIndex& gi, int i, Found&) {
+  const onnx::NodeProto& bn = gi.node(i);
+  if (bn.op_type() != "BatchNormalization" || bn.input_size() < 2) return;
+  const int reshape = gi.producer(bn.input(0)), tile = gi.producer(bn.input(1));
+  if (reshape < 0 || gi.node(reshape).op_type() != "Reshape" || tile < 0 || gi.node(tile).op_type() != "Tile") return;
+  throw ConfigError(fmt::format(
+      "node '{}' (BatchNormalization of a Reshape, its weights Tiled per image) is torch's "
+      "InstanceNorm2d(track_running_stats=True): halotrain's instance_norm keeps no running statistics "
+      "(it normalises every image by its own, in training and inference); export the model with "
+      "track_running_stats=False",
+      bn.name()));
+}
+
 }  // namespace
 
 std::map<int, Fused> find_patterns(const onnx::GraphProto& graph, const std::map<std::string, Constant>& constants) {
   const GraphIndex gi(graph, constants);
   Found out;
   for (int i = 0; i < gi.size(); ++i)
-    for (auto match : {gated, gelu_erf, gelu_tanh, layer_norm, group_norm, channel_shuffle}) match(gi, i, out);
+    for (auto match : {gated, gelu_erf, gelu_tanh, layer_norm, group_norm, channel_shuffle, instance_norm_running_stats})
+      match(gi, i, out);
   return out;
 }
 
