@@ -168,7 +168,8 @@ CASES = {
         mpi=[(4, [2, 2])],
     ),
     # nnU-Net: conv, instance norm, leaky ReLU, a strided conv down, group norm, a transposed
-    # conv up, the skip concatenated, group norm of one channel per group; per-pixel softmax.
+    # conv up, group norm of one group, the skip concatenated, group norm of one channel per
+    # group; per-pixel softmax.
     "nnunet_norms_adam": dict(
         input=[36, 32, 1], loss="softmax_cross_entropy", masks=True, classes=2, optimizer=ADAM,
         layers=[
@@ -179,7 +180,8 @@ CASES = {
             dict(type="group_norm", groups=2, epsilon=1e-3),
             dict(type="leaky_relu", alpha=0.01),
             dict(type="conv2d_transpose", filters=4, kernel=2, stride=2),
-            dict(type="concatenate", inputs=["conv2d_transpose_1", "e1"]),
+            dict(type="group_norm", groups=1, name="up"),
+            dict(type="concatenate", inputs=["up", "e1"]),
             dict(type="conv2d", filters=4, kernel=3, padding="same"),
             dict(type="group_norm", groups=4, center=False),
             dict(type="leaky_relu", alpha=0.01),
