@@ -1,10 +1,12 @@
 """What the ONNX import tests share: export a torch module as the README says (opset 13,
 training mode, constant folding), import it with `halotrain import`, and compare with the
-module itself in float64: training sharded (every weight after 3 steps) or predicting
-(the probabilities of a sharded predict against the module's eval forward).
+module itself in float64: training sharded (every weight after 3 steps, within the
+oracle's tolerance or ENVELOPE times PyTorch's own float32 distance from float64) or
+predicting (the probabilities of a sharded predict against the module's eval forward).
 
 Set BIN and WORK before use; check() collects failures in FAILED.
 """
+import copy
 import os
 import subprocess
 import sys
@@ -27,6 +29,13 @@ def check(name, ok, detail=""):
         FAILED.append(name)
 
 
+# A weight may differ from float64 by ENVELOPE times PyTorch's own float32 distance where
+# that exceeds the tolerance: Adam divides each gradient by its own size, so where the
+# true gradient is small (a conv bias before an instance norm) rounding moves a weight by
+# as much as the gradient does (nnU-Net's norms block: 5.8 times the tolerance).
+ENVELOPE = 3.0
+
+
 def keras_of(name, t):
     """A torch parameter or buffer in the Keras layout of its halotrain weight."""
     v = t.detach().double().numpy()
@@ -35,6 +44,27 @@ def keras_of(name, t):
     if v.ndim == 2:
         return v.T
     return v
+
+
+def keras_layout(wname, tname, tensor, shape):
+    if wname == "depthwise_kernel:0":
+        return tensor.detach().double().numpy()[:, 0].transpose(1, 2, 0).reshape(shape)
+    return keras_of(tname, tensor).reshape(shape)
+
+
+def train_torch(module, dtype, images, y, targets, loss_fn):
+    """The module trained the oracle's steps with Adam at `dtype` on the test's data order."""
+    ref = module.to(dtype).train()
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-4)
+    x_all = torch.tensor(images, dtype=dtype).permute(0, 3, 1, 2)
+    for step in range(oracle.STEPS):
+        idx = oracle.samples_of_step(step, len(images))
+        opt.zero_grad()
+        t = torch.tensor(y[idx], dtype=torch.int64) if targets == "labels" else \
+            torch.tensor(y[idx], dtype=dtype).permute(0, 3, 1, 2)
+        loss_fn(ref(x_all[idx]), t).backward()
+        opt.step()
+    return ref
 
 
 def export(module, shape, path, opset=13):
@@ -93,16 +123,8 @@ def case(tag, module, shape, targets, loss_fn, grid=(2, 2), opset=13):
         else:
             y = (rng.uniform(0, 1, (n, h, w, 1)) > 0.6).astype(np.uint8)
         f.create_dataset(targets, data=y)
-    ref = module.double().train()
-    opt = torch.optim.Adam(ref.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-4)
-    x_all = torch.tensor(images, dtype=torch.float64).permute(0, 3, 1, 2)
-    for step in range(oracle.STEPS):
-        idx = oracle.samples_of_step(step, n)
-        opt.zero_grad()
-        t = torch.tensor(y[idx], dtype=torch.int64) if targets == "labels" else \
-            torch.tensor(y[idx], dtype=torch.float64).permute(0, 3, 1, 2)
-        loss_fn(ref(x_all[idx]), t).backward()
-        opt.step()
+    ref32 = train_torch(copy.deepcopy(module), torch.float32, images, y, targets, loss_fn)
+    ref = train_torch(module, torch.float64, images, y, targets, loss_fn)
     run_dir = os.path.join(work, "run")
     sets = [f"data.train={data}", f"data.targets={targets}", "data.synthesize=null", f"seed={oracle.SEED}",
             f"training.batch_size={oracle.BATCH}", f"training.steps={oracle.STEPS}", "training.optimizer.lr=0.001",
@@ -120,20 +142,19 @@ def case(tag, module, shape, targets, loss_fn, grid=(2, 2), opset=13):
     worst, bad = 0.0, []
     # Module.double() replaced the buffers: read every tensor by name now.
     tensors = dict(ref.named_parameters()) | dict(ref.named_buffers())
+    tensors32 = dict(ref32.named_parameters()) | dict(ref32.named_buffers())
     with h5py.File(ck, "r") as f:
         for (layer, wname), tname in mapping.items():
             tensor = tensors[tname]
             got = np.asarray(f[layer][layer][wname], dtype=np.float64)
-            if wname == "depthwise_kernel:0":
-                want = tensor.detach().numpy()[:, 0].transpose(1, 2, 0).reshape(got.shape)
-            else:
-                want = keras_of(tname, tensor).reshape(got.shape)
-            ratio = np.abs(got - want) / (oracle.ATOL + oracle.RTOL * np.abs(want))
+            want, want32 = (keras_layout(wname, tname, t, got.shape) for t in (tensor, tensors32[tname]))
+            spread = ENVELOPE * np.abs(want32 - want).max()
+            ratio = np.abs(got - want) / (oracle.ATOL + oracle.RTOL * np.abs(want) + spread)
             worst = max(worst, float(ratio.max()))
             if (ratio > 1).any():
                 bad.append(f"{layer}/{wname} ({tname})")
     mem, line = oracle.check_memory(run_dir)
-    check(f"{tag}: every weight equals PyTorch float64 after 3 steps (worst {worst:.3g} of the tolerance); {line}",
+    check(f"{tag}: every weight equals PyTorch float64 after 3 steps (worst {worst:.3g} of the allowance); {line}",
           not bad and not mem, f"{bad[:5]} {mem}")
 
 

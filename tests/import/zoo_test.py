@@ -180,11 +180,18 @@ def main():
     names = sys.argv[3:] or list(MODELS)
     shutil.rmtree(onnx_cases.WORK, ignore_errors=True)
     os.makedirs(onnx_cases.WORK)
-    for i, name in enumerate(names):
+    # Seeds are the model's place in MODELS (TRAINED for training), not in this run, so that
+    # a model's case is the same alone or among the rest. Training is chaotic at some
+    # seeds: nnunet_norms at 119 / 319 lands on the other side of a kink in float32 on
+    # grids 1x1, 1x2 and 2x2 alike (5.7 times the tolerance; 0.01-0.04 on 2x1, 3x3 and at
+    # eight other seeds), a flip and not a sharding error.
+    for name in names:
         build, size = MODELS[name]
+        i = list(MODELS).index(name)
         torch.manual_seed(100 + i)
         predict_case(name, calibrate(randomize(build(), 200 + i), size), (2, 3, size, size))
         if name in TRAINED:
+            i = list(TRAINED).index(name)
             torch.manual_seed(100 + i)
             targets, loss = TRAINED[name]
             case(f"{name}-train", no_dropout(randomize(build(), 300 + i)), (2, 3, size, size), targets, loss)
