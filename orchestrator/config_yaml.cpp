@@ -164,7 +164,8 @@ int64_t as_int(const Item& item, int64_t min, int64_t max) {
   if (!digits) item.expected(what);
   errno = 0;
   const long long v = std::strtoll(s.c_str(), nullptr, 10);
-  if (errno == ERANGE || v < min || v > max) item.expected(what);
+  if (errno == ERANGE || v > max) item.expected(fmt::format("an integer in [{}, {}]", min, max));  // too large
+  if (v < min) item.expected(what);
   return v;
 }
 

@@ -186,7 +186,7 @@ LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins,
   // Sizes from a file or a config are untrusted: every product must fit what the kernels
   // index with before anything is allocated or multiplied further.
   const Shape3& o = l.out;
-  if (o.c < 1 || o.h < 1 || o.w < 1 || o.c > kMaxExtent || int64_t(o.c) * o.h * o.w > kMaxElements)
+  if (o.c < 1 || o.h < 1 || o.w < 1 || o.c > kMaxExtent || exceeds(o, kMaxElements))
     throw LayerShapeError(fmt::format("its output of {}x{}x{} (H x W x C) is {}; at most {} elements per image fit",
                                       o.h, o.w, o.c, o.c < 1 || o.h < 1 || o.w < 1 ? "empty" : "too large",
                                       kMaxElements));
@@ -204,10 +204,9 @@ ModelSpec build_model_spec(const Config& config) {
   ModelSpec spec;
   spec.input = {config.model.channels, config.model.height, config.model.width};
   spec.loss = config.model.loss;
-  if (spec.input.elements() > kMaxElements)
-    throw ConfigError(fmt::format("{}: model.input: [{}, {}, {}] is {} pixel values an image; at most {} fit",
-                                  config.source_path, spec.input.h, spec.input.w, spec.input.c, spec.input.elements(),
-                                  kMaxElements));
+  if (exceeds(spec.input, kMaxElements))
+    throw ConfigError(fmt::format("{}: model.input: [{}, {}, {}] is more than {} pixel values an image",
+                                  config.source_path, spec.input.h, spec.input.w, spec.input.c, kMaxElements));
   std::map<std::string, int> counters;  // per Keras name prefix, as name_layers (config.cpp)
   std::map<std::string, int> tensor_of = {{kInputName, 0}};
   for (size_t i = 0; i < config.model.layers.size(); ++i) {

@@ -21,6 +21,9 @@ struct Shape3 {
   bool operator==(const Shape3& o) const { return c == o.c && h == o.h && w == o.w; }
 };
 
+// Whether s has more than `limit` elements, without overflow (sides of 1 to 2^31 - 1).
+inline bool exceeds(const Shape3& s, int64_t limit) { return int64_t(s.c) * s.h > limit / s.w; }
+
 // How the output of a layer reads its input along one axis.
 enum class WindowKind {
   Slide,      // conv, pools: output o reads [o*stride - pad_lo, o*stride - pad_lo + span),

@@ -69,7 +69,7 @@ TEST(ConfigErrors, OutOfRange) {
   e = error_of(std::string(kMinimal) + "parallel: {grid: [0, 2]}\n");
   EXPECT_CONTAINS(e, "parallel.grid[0]: expected an integer >= 1, found '0'");
   e = error_of(std::string(kMinimal) + "  batch_size: 99999999999\n");
-  EXPECT_CONTAINS(e, "training.batch_size: expected an integer >= 1, found '99999999999'");
+  EXPECT_CONTAINS(e, "training.batch_size: expected an integer in [1, 2147483647], found '99999999999'");
   e = error_of(std::string(kMinimal) + "slurm: {signal_before: 70000}\n");
   EXPECT_CONTAINS(e, "slurm.signal_before: expected an integer in [0, 65535], found '70000'");
   e = error_of(std::string(kMinimal) + "slurm: {time: '01:00', signal_before: 120}\n");
@@ -285,6 +285,21 @@ TEST(ConfigErrors, NewLayerShapesNameTheLayer) {
                                    "    - {type: upsampling2d, name: up}\n"
                                    "    - {type: concatenate, inputs: [up, input]}\n")),
                   "concatenate joins channels of maps of one size: input 'up' is 4x4x1 but input 'input' is 8x8x1");
+}
+
+// Sizes from a config are checked before anything is sized by them: one message, no crash.
+TEST(ConfigErrors, SizesTooLargeForAnyMachine) {
+  EXPECT_CONTAINS(error_of(graph("    - {type: conv2d, filters: 2147483648, kernel: 3}\n")),
+                  "model.layers[0].filters: expected an integer in [1, 2147483647], found '2147483648'");
+  EXPECT_CONTAINS(error_of("data: {train: d.h5}\nmodel: {input: [2147483648, 8, 1], layers: [{type: relu}]}\n"),
+                  "model.input[0]: expected an integer in [1, 2147483647], found '2147483648'");
+  EXPECT_CONTAINS(spec_error("data: {train: d.h5}\nmodel: {input: [2147483647, 2147483647, 1], layers: "
+                             "[{type: relu}]}\n"),
+                  "model.input: [2147483647, 2147483647, 1] is more than 1099511627776 pixel values an image");
+  // 2^31 - 1 channels of 8M x 8M pixels: a product past int64 is still refused.
+  EXPECT_CONTAINS(spec_error(graph("    - {type: conv2d, filters: 2147483647, kernel: 1}\n"
+                                   "    - {type: upsampling2d, size: 1048576}\n")),
+                  "(upsampling2d 'up_sampling2d_1'): its output of 8388608x8388608x2147483647 (H x W x C) is too large");
 }
 
 // Per-pixel softmax (SPEC section 7): masks as class maps need K >= 2 channels at the
