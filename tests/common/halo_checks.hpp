@@ -48,6 +48,22 @@ inline ModelSpec halo_model(int h, int w) {
   c.model.layers.push_back(make_layer_config("cropping2d", {{"cropping", std::vector<int64_t>{2, 0, 1, 1}}}));
   c.model.layers.push_back(make_layer_config(
       "depthwise_conv2d", {{"kernel", int64_t(3)}, {"padding", Padding{PaddingMode::Same, 0}}}));
+  // Windows that are not square: InceptionV3's 1x7 and 7x1 (strided along one axis, padded
+  // per side), a dilation along one axis, a 3x1 pool with stride [2, 1].
+  auto pair = [](int64_t a, int64_t b) { return std::vector<int64_t>{a, b}; };
+  c.model.layers.push_back(make_layer_config(
+      "conv2d", {{"filters", int64_t(2)}, {"kernel", pair(1, 7)}, {"padding", Padding{PaddingMode::Same, 0}}}));
+  c.model.layers.push_back(make_layer_config("conv2d", {{"filters", int64_t(2)},
+                                                        {"kernel", pair(7, 1)},
+                                                        {"stride", pair(2, 1)},
+                                                        {"padding", Padding{PaddingMode::Explicit, 3, 2, 0, 1}}}));
+  c.model.layers.push_back(make_layer_config("conv2d", {{"filters", int64_t(2)},
+                                                        {"kernel", pair(3, 3)},
+                                                        {"dilation", pair(2, 1)},
+                                                        {"padding", Padding{PaddingMode::Same, 0}}}));
+  c.model.layers.push_back(make_layer_config("max_pool2d", {{"pool", pair(3, 1)},
+                                                            {"stride", pair(2, 1)},
+                                                            {"padding", Padding{PaddingMode::Explicit, 1, 1, 0, 0}}}));
   // The output is smaller than the input: fine for exchange tests, never trained.
   ModelSpec m;
   m.input = {2, h, w};

@@ -1,4 +1,5 @@
-// Halo exchange over the local (threads) comm: index test and adjoint test on grids
+// Halo exchange over the local (threads) comm: index test and adjoint test, square and
+// non-square windows (tests/common/halo_checks.hpp), on grids
 // 1x1, 1x4, 4x1, 2x2, 3x2 with uneven sizes.
 #include <gtest/gtest.h>
 
