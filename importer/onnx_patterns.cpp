@@ -167,6 +167,27 @@ std::vector<int64_t> reduce_axes(const GraphIndex& gi, const onnx::NodeProto& n)
   return {};
 }
 
+// A norm's optional affine tail after node `root`: `* gamma`, then `+ beta`, each a
+// constant of at least `min_values` values read only from the node before. They join f
+// (its gamma and beta, its scale and center keys); returns the layer's last node.
+int absorb_affine(const GraphIndex& gi, int root, size_t min_values, Fused& f) {
+  std::string k;
+  auto affine = [&](int node, const char* op) {
+    return gi.binary(node, op, gi.node(root).output(0), &k) && gi.constant(k) &&
+           gi.constant(k)->values.size() >= min_values;
+  };
+  for (int which = 0; which < 2; ++which) {
+    const int next = gi.only_reader(gi.node(root).output(0));
+    if (!affine(next, which == 0 ? "Mul" : "Add")) break;
+    f.gamma_beta[which] = k;
+    f.absorbed.insert(root);
+    root = next;
+  }
+  f.keys.push_back({"scale", !f.gamma_beta[0].empty()});
+  f.keys.push_back({"center", !f.gamma_beta[1].empty()});
+  return root;
+}
+
 // LayerNorm before opset 17, over the last axis: (x - m) / Sqrt(Mean((x - m)^2) + eps),
 // m = ReduceMean(x), then optionally * gamma and + beta.
 void layer_norm(const GraphIndex& gi, int i, Found& out) {
@@ -191,23 +212,8 @@ void layer_norm(const GraphIndex& gi, int i, Found& out) {
   if (sqrt < 0 || gi.node(sqrt).op_type() != "Sqrt" || gi.only_reader(gi.node(sqrt).output(0)) != div) return;
   Fused f{"layer_norm", x, {{"epsilon", std::stod(fmt::format("{}", float(gi.constant(eps)->values[0])))}}, {"", ""},
           {i, sub, pow, r2, eps_add, sqrt}};
-  int root = div;
-  std::string k;
-  const int scale = gi.only_reader(gi.node(div).output(0));
-  if (gi.binary(scale, "Mul", gi.node(div).output(0), &k) && gi.constant(k) && gi.constant(k)->values.size() > 1) {
-    f.gamma_beta[0] = k;
-    f.absorbed.insert(root);
-    root = scale;
-    const int shift = gi.only_reader(gi.node(scale).output(0));
-    if (gi.binary(shift, "Add", gi.node(scale).output(0), &k) && gi.constant(k) && gi.constant(k)->values.size() > 1) {
-      f.gamma_beta[1] = k;
-      f.absorbed.insert(root);
-      root = shift;
-    }
-  }
-  f.keys.push_back({"scale", !f.gamma_beta[0].empty()});
-  f.keys.push_back({"center", !f.gamma_beta[1].empty()});
-  out[root] = f;
+  const int last = absorb_affine(gi, div, 2, f);
+  out[last] = f;
 }
 
 // torch's GroupNorm: Reshape(x, [0, G, -1]) -> InstanceNormalization (ones, zeros) ->
@@ -236,23 +242,8 @@ void group_norm(const GraphIndex& gi, int i, Found& out) {
   const int shape = gi.producer(gi.node(rs2).input(1));
   if (shape >= 0 && gi.node(shape).op_type() == "Shape" && gi.only_reader(gi.node(shape).output(0)) == rs2)
     f.absorbed.insert(shape);
-  int root = rs2;
-  std::string k;
-  const int scale = gi.only_reader(gi.node(rs2).output(0));
-  if (gi.binary(scale, "Mul", gi.node(rs2).output(0), &k) && gi.constant(k)) {
-    f.gamma_beta[0] = k;
-    f.absorbed.insert(root);
-    root = scale;
-    const int shift = gi.only_reader(gi.node(scale).output(0));
-    if (gi.binary(shift, "Add", gi.node(scale).output(0), &k) && gi.constant(k)) {
-      f.gamma_beta[1] = k;
-      f.absorbed.insert(root);
-      root = shift;
-    }
-  }
-  f.keys.push_back({"scale", !f.gamma_beta[0].empty()});
-  f.keys.push_back({"center", !f.gamma_beta[1].empty()});
-  out[root] = f;
+  const int last = absorb_affine(gi, rs2, 1, f);
+  out[last] = f;
 }
 
 // ShuffleNet's channel shuffle: Reshape to [N, g, C/g, H, W], Transpose [0, 2, 1, 3, 4],

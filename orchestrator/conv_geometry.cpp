@@ -32,7 +32,7 @@ std::vector<ShardConv> layer_convs(const ShardPlan& plan, int layer, int rank, i
   const bool depthwise = type == "depthwise_conv2d" || type == "separable_conv2d";
   if (type != "conv2d" && !depthwise && type != "conv2d_transpose") return {};
   const bool training = use == ConvUse::Training, need_dx = training && makes_input_gradient(s);
-  const unsigned weights = training ? cpu::kConvBackwardWeights : 0;
+  const unsigned weights = training ? unsigned(cpu::kConvBackwardWeights) : 0u;
   const Rect out = plan.owned_output(layer, rank);
   ConvGeom g;
   g.n = batch;
@@ -42,7 +42,7 @@ std::vector<ShardConv> layer_convs(const ShardPlan& plan, int layer, int rank, i
     g.hin = out.rows.size();
     g.win = out.cols.size();
     g.cout = s.in.c;
-    return {{g, cpu::kConvBackwardData | weights | (need_dx ? cpu::kConvForward : 0)}};
+    return {{g, cpu::kConvBackwardData | weights | (need_dx ? unsigned(cpu::kConvForward) : 0u)}};
   }
   const Rect need = plan.needed_input(layer, rank);
   g.cin = s.in.c;
@@ -52,7 +52,7 @@ std::vector<ShardConv> layer_convs(const ShardPlan& plan, int layer, int rank, i
   g.groups = depthwise ? s.in.c : s.config.integer("groups");
   g.dil_h = s.rows.dilation;
   g.dil_w = s.cols.dilation;
-  const ShardConv conv{g, cpu::kConvForward | weights | (need_dx ? cpu::kConvBackwardData : 0)};
+  const ShardConv conv{g, cpu::kConvForward | weights | (need_dx ? unsigned(cpu::kConvBackwardData) : 0u)};
   if (type != "separable_conv2d") return {conv};
   ConvGeom pointwise;  // its data gradient is the depthwise part's output gradient
   pointwise.n = batch;

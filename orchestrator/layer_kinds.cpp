@@ -35,7 +35,7 @@ namespace {
 const Padding kValid{PaddingMode::Valid};
 
 LayerKey window_key(const char* name, int64_t def) {
-  return {name, KeyType::Size2, std::vector<int64_t>{def, def}, "", 1};
+  return {name, KeyType::Size2, std::vector<int64_t>{def, def}, "", 1, {}};
 }
 
 // Checks a grouped conv's channels; returns cin / groups.
@@ -273,7 +273,7 @@ LayerKind shift(bool crop) {
 LayerKind pool2d(const char* type, const char* keras_class, const char* keras_prefix, WindowUse backward) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   const bool average = backward == WindowUse::None;
-  k.keys = {window_key("pool", 2), {"stride", KeyType::Size2, std::nullopt, "pool", 1},
+  k.keys = {window_key("pool", 2), {"stride", KeyType::Size2, std::nullopt, "pool", 1, {}},
             with_default("padding", KeyType::Padding, kValid), added_key("ceil_mode", KeyType::Bool, false)};
   if (average) k.keys.push_back(added_key("count_include_pad", KeyType::Bool, false));
   k.traits = window_traits(backward);

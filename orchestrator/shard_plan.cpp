@@ -101,8 +101,6 @@ std::string describe(const ModelSpec& m, int layer) {
   return fmt::format("model.layers[{}] ({} '{}')", layer, c.type(), c.name);
 }
 
-std::string show(const Range& r) { return fmt::format("[{}, {})", r.lo, r.hi); }
-
 std::string tensor_name(const ModelSpec& m, int t) { return t == 0 ? kInputName : m.layers[t - 1].config.name; }
 
 // The part of a tensor each shard owns along one axis, one AxisPlan per layer, for one

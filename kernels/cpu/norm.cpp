@@ -72,25 +72,33 @@ void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, con
   }
 }
 
+namespace {
+
+// One plane's sums of dy and of dy * (x - m): float partial sums over kBlock elements
+// (vectorised), accumulated in double.
+template <class T>
+void plane_dy_sums(const T* dp, const T* xp, T m, long hw, double& sum_dy, double& sum_dy_dev) {
+  for (long i0 = 0; i0 < hw; i0 += kBlock) {
+    const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+    T s = 0, sx = 0;
+#pragma omp simd reduction(+ : s, sx)
+    for (long i = i0; i < i1; ++i) {
+      s += dp[i];
+      sx += dp[i] * (xp[i] - m);
+    }
+    sum_dy += double(s);
+    sum_dy_dev += double(sx);
+  }
+}
+
+}  // namespace
+
 template <class T>
 void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
                       const double* invstd, double* sum_dy, double* sum_dy_xhat) {
   std::vector<double> sdx(c, 0.0);
   reduce_planes(n, c, hw, sum_dy, sdx.data(), [&](long p, double* out) {
-    const T* dp = dy + size_t(p) * hw;
-    const T* xp = x + size_t(p) * hw;
-    const T m = T(mean[p % c]);
-    for (long i0 = 0; i0 < hw; i0 += kBlock) {
-      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
-      T s = 0, sx = 0;
-#pragma omp simd reduction(+ : s, sx)
-      for (long i = i0; i < i1; ++i) {
-        s += dp[i];
-        sx += dp[i] * (xp[i] - m);
-      }
-      out[0] += double(s);
-      out[1] += double(sx);
-    }
+    plane_dy_sums(dy + size_t(p) * hw, x + size_t(p) * hw, T(mean[p % c]), hw, out[0], out[1]);
   });
   // invstd is constant per channel: apply it once to the sum of dy*(x-mean).
   for (int ch = 0; ch < c; ++ch) sum_dy_xhat[ch] += sdx[ch] * invstd[ch];
@@ -155,21 +163,8 @@ void plane_backward_sums(int n, int c, long hw, const T* dy, const T* x, const d
   const long planes = long(n) * c;
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
-    const T* dp = dy + size_t(p) * hw;
-    const T* xp = x + size_t(p) * hw;
-    const T m = T(mean[p]);
     double a = 0, b = 0;
-    for (long i0 = 0; i0 < hw; i0 += kBlock) {
-      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
-      T s = 0, sx = 0;
-#pragma omp simd reduction(+ : s, sx)
-      for (long i = i0; i < i1; ++i) {
-        s += dp[i];
-        sx += dp[i] * (xp[i] - m);
-      }
-      a += double(s);
-      b += double(sx);
-    }
+    plane_dy_sums(dy + size_t(p) * hw, x + size_t(p) * hw, T(mean[p]), hw, a, b);
     sum_dy[p] = a;
     sum_dy_dev[p] = b;
   }

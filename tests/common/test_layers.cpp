@@ -44,7 +44,7 @@ const bool registered = [] {
   k.type = "test_leak";
   k.keras_class = "TestLeak";
   k.keras_prefix = "test_leak";
-  k.keys = {{"mib", KeyType::Int, LayerValue(int64_t(0)), "", 0}};
+  k.keys = {{"mib", KeyType::Int, LayerValue(int64_t(0)), "", 0, {}}};
   k.shape = [](LayerSpec& l) { l.out = l.in; };
   register_layer_kind(std::move(k));
   register_layer_kernels("test_leak", [](const LayerContext& ctx, int index) -> std::unique_ptr<Layer> {

@@ -27,7 +27,9 @@ import sys
 import h5py
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from keras_torch import KerasTorch, write_model_save  # noqa: E402
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 FAILED = []
@@ -163,123 +165,15 @@ def keras_weights(model, rng):
     return weights
 
 
-def write_model_file(path, model, weights):
-    with h5py.File(path, "w") as f:
-        f.attrs["keras_version"] = np.bytes_(model["keras_version"])
-        f.attrs["backend"] = np.bytes_("tensorflow")
-        f.attrs["model_config"] = np.bytes_(json.dumps(model))
-        g = f.create_group("model_weights")
-        names = [l["config"]["name"] for l in layer_list(model)]
-        g.attrs["layer_names"] = np.array([n.encode() for n in names])
-        g.attrs["backend"] = np.bytes_("tensorflow")
-        g.attrs["keras_version"] = np.bytes_(model["keras_version"])
-        for n in names:
-            lg = g.create_group(n)
-            ws = weights.get(n, [])
-            lg.attrs["weight_names"] = np.array([f"{n}/{w}".encode() for w, _ in ws])
-            for w, v in ws:
-                lg.create_dataset(f"{n}/{w}", data=v)
-
-
-# ---- an independent PyTorch reading of the same JSON ------------------------------------
-def same_pads(n, k, s, d=1):
-    span = d * (k - 1) + 1
-    out = -(-n // s)
-    total = max((out - 1) * s + span - n, 0)
-    return total // 2, total - total // 2
-
-
 def torch_forward(model, ckpt, x):
-    """The Keras model's inference forward (channels_last semantics) in float64, NCHW."""
-    def weight(n, w):
-        return torch.tensor(np.asarray(ckpt[n][n][w]), dtype=torch.float64)
-
-    seq = model["class_name"] == "Sequential"
-    t, prev = {"__input__": x}, "__input__"
-    for l in layer_list(model):
-        c, n, cls = l["config"], l["config"]["name"], l["class_name"]
-        if cls == "InputLayer":
-            t[n] = x
-            prev = n
-            continue
-        ins = [t[prev]] if seq else [t[i[0]] for i in l["inbound_nodes"][0]]
-        y = ins[0]
-        k = c.get("kernel_size", [1, 1])[0]
-        s = c.get("strides", [1, 1])[0]
-        d = c.get("dilation_rate", [1, 1])[0]
-        if cls in ("Conv2D", "DepthwiseConv2D", "SeparableConv2D"):
-            if c["padding"] == "same":
-                (pt, pb), (pl, pr) = same_pads(y.shape[2], k, s, d), same_pads(y.shape[3], k, s, d)
-                y = F.pad(y, (pl, pr, pt, pb))
-            b = weight(n, "bias:0") if c.get("use_bias") else None
-            if cls == "Conv2D":
-                y = F.conv2d(y, weight(n, "kernel:0").permute(3, 2, 0, 1), b, stride=s, dilation=d)
-            else:
-                dk = weight(n, "depthwise_kernel:0")
-                dk = dk.reshape(dk.shape[0], dk.shape[1], -1).permute(2, 0, 1).unsqueeze(1)
-                y = F.conv2d(y, dk, None if cls == "SeparableConv2D" else b, stride=s, dilation=d, groups=y.shape[1])
-                if cls == "SeparableConv2D":
-                    y = F.conv2d(y, weight(n, "pointwise_kernel:0").permute(3, 2, 0, 1), b)
-        elif cls == "Conv2DTranspose":
-            b = weight(n, "bias:0") if c.get("use_bias") else None
-            full = F.conv_transpose2d(y, weight(n, "kernel:0").permute(3, 2, 0, 1), b, stride=s)
-            if c["padding"] == "same":
-                lo = (k - s) // 2
-                full = full[:, :, lo:lo + y.shape[2] * s, lo:lo + y.shape[3] * s]
-            y = full
-        elif cls == "BatchNormalization":
-            y = F.batch_norm(y, weight(n, "moving_mean:0"), weight(n, "moving_variance:0"),
-                             weight(n, "gamma:0") if c.get("scale", True) else None,
-                             weight(n, "beta:0") if c.get("center", True) else None, training=False, eps=c["epsilon"])
-        elif cls in ("MaxPooling2D", "AveragePooling2D"):
-            p = c["pool_size"][0]
-            s = c["strides"][0]
-            pads = (0, 0, 0, 0)
-            if c["padding"] == "same":
-                (pt, pb), (pl, pr) = same_pads(y.shape[2], p, s), same_pads(y.shape[3], p, s)
-                pads = (pl, pr, pt, pb)
-            if cls == "MaxPooling2D":
-                y = F.max_pool2d(F.pad(y, pads, value=-math.inf), p, s)
-            else:  # the mean of what lies inside the image (TensorFlow's same)
-                ones = torch.ones_like(y[:1, :1])
-                y = F.avg_pool2d(F.pad(y, pads), p, s) / F.avg_pool2d(F.pad(ones, pads), p, s)
-        elif cls == "LeakyReLU":
-            y = F.leaky_relu(y, c["alpha"])
-        elif cls == "ReLU":
-            y = F.relu(y)
-        elif cls in ("GlobalAveragePooling2D", "Flatten"):
-            y = y.mean(dim=(2, 3))
-        elif cls == "GlobalMaxPooling2D":
-            y = y.amax(dim=(2, 3))
-        elif cls == "Dense":
-            y = y @ weight(n, "kernel:0") + weight(n, "bias:0")
-        elif cls == "Add":
-            y = sum(ins[1:], ins[0])
-        elif cls == "Concatenate":
-            y = torch.cat(ins, dim=1)
-        elif cls == "UpSampling2D":
-            mode = c.get("interpolation", "nearest")
-            y = F.interpolate(y, scale_factor=tuple(c["size"]), mode=mode,
-                              **({"align_corners": False} if mode == "bilinear" else {}))
-        elif cls == "ZeroPadding2D":
-            (t0, b0), (l0, r0) = c["padding"]
-            y = F.pad(y, (l0, r0, t0, b0))
-        elif cls == "Cropping2D":
-            (t0, b0), (l0, r0) = c["cropping"]
-            y = y[:, :, t0:y.shape[2] - b0, l0:y.shape[3] - r0]
-        # Dropout: the identity at inference.
-        act = c.get("activation", "linear") if cls != "Activation" else c["activation"]
-        if act == "relu":
-            y = F.relu(y)
-        elif act == "tanh":
-            y = torch.tanh(y)
-        elif act == "sigmoid":
-            y = torch.sigmoid(y)
-        elif act == "softmax":
-            y = torch.softmax(y, dim=1)
-        t[n] = y
-        prev = n
-    return y
+    """The Keras model's inference forward in float64 (NCHW) with a checkpoint's weights, by
+    tests/import/keras_torch.py's independent reading of the same JSON; its final softmax
+    or sigmoid applied."""
+    weights = {n: [(w, np.asarray(ckpt[n][n][w])) for w in ckpt[n][n]]
+               for n in (l["config"]["name"] for l in layer_list(model)) if n in ckpt and n in ckpt[n]}
+    with torch.no_grad():
+        y = KerasTorch(model, weights).forward(x, training=False)
+    return {"softmax": torch.softmax(y, dim=1), "sigmoid": torch.sigmoid(y)}.get(model_final(model), y)
 
 
 def trainable(path):
@@ -298,7 +192,7 @@ def end_to_end(tag, model, targets):
     work = os.path.join(WORK, tag)
     os.makedirs(work)
     src = os.path.join(work, f"{tag}.h5")
-    write_model_file(src, model, keras_weights(model, np.random.default_rng(3)))
+    write_model_save(src, model, keras_weights(model, np.random.default_rng(3)))
     r = run("import", src)
     cfg, init = os.path.join(work, f"{tag}.yaml"), os.path.join(work, f"{tag}-init.h5")
     check(f"{tag}: import exits 0 and writes the config and the weights",

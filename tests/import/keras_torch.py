@@ -1,4 +1,4 @@
-"""A Keras 2 model (its model.to_json() text) as a PyTorch float64 model, read here
+"""A Keras 2 model (its model.to_json() text, Sequential or functional) as a PyTorch float64 model, read here
 independently of halotrain's importer: the oracle of the Keras import tests.
 
 Keras is channels-last; the tensors here are NCHW ([N, C, H, W], and [N, C] after a global
@@ -32,7 +32,8 @@ def layers_of(model):
 
 def output_name(model):
     c = model["config"]
-    return c["output_layers"][0][0] if isinstance(c, dict) else layers_of(model)[-1]["config"]["name"]
+    return c["output_layers"][0][0] if isinstance(c, dict) and "output_layers" in c \
+        else layers_of(model)[-1]["config"]["name"]
 
 
 def inbound(layer):
@@ -225,12 +226,14 @@ class KerasTorch:
     def forward(self, x, training=True):
         self.near_kinks = []
         out = {}
+        sequential, prev = self.model.get("class_name") == "Sequential", None
         for l in self.layers:
             c, n, cls = l["config"], l["config"]["name"], l["class_name"]
             if cls == "InputLayer":
-                out[n] = x
+                out[n], prev = x, n
                 continue
-            ins = [out[i] for i in inbound(l)]
+            ins = ([out[prev]] if prev else [x]) if sequential else [out[i] for i in inbound(l)]
+            prev = n
             if self.rng is not None and n not in self.keras:
                 self.keras[n] = [(w, np.asarray(initial(s, kind, self.rng), dtype=np.float32))
                                  for w, s, kind in keras_shapes(cls, c, ins[0].shape[1])]

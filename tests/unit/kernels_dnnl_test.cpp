@@ -193,7 +193,9 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
         EXPECT_EQ(all.asked.slot[s], need.slot[s]) << "slot " << s << ", cin " << g.cin << ", threads " << threads;
         EXPECT_EQ(forward_only.asked.slot[s], need_forward.slot[s]) << "slot " << s << ", cin " << g.cin;
       }
-      if (g.cin > 1) EXPECT_GT(need.total(), 0u);  // blocked layouts: reorders through the arena
+      if (g.cin > 1) {
+        EXPECT_GT(need.total(), 0u);  // blocked layouts: reorders through the arena
+      }
     }
   }
   omp_set_num_threads(saved);

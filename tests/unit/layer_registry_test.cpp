@@ -71,7 +71,7 @@ void register_scale_layer() {
     k.type = "test_scale";
     k.keras_class = "TestScale";
     k.keras_prefix = "test_scale";
-    k.keys = {{"gain", KeyType::Positive, LayerValue(1.0), "", 1}};
+    k.keys = {{"gain", KeyType::Positive, LayerValue(1.0), "", 1, {}}};
     k.traits.input = LayerInput::FeatureMap;
     k.shape = [](LayerSpec& l) {
       l.out = l.in;
