@@ -15,6 +15,7 @@
 #include "kernels/activation.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/geometry.hpp"
+#include "kernels/loss_weights.hpp"
 #include "orchestrator/config.hpp"
 #include "orchestrator/conv_geometry.hpp"
 #include "worker/comm.hpp"
@@ -158,14 +159,15 @@ class ComputeBackend {
   virtual void dense_backward(int n, int in, int out, const float* x, const float* w,
                               const float* dy, float* dx, float* dw, float* db) = 0;
 
-  // Losses return the sum of per-element losses and write grad = d(sum)/dx * grad_scale.
+  // Losses return the sum of per-element losses and write grad = d(sum)/dx * grad_scale,
+  // each element weighted by w (kernels/loss_weights.hpp; LossWeights() weighs nothing).
   virtual double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels,
-                              double grad_scale, float* grad) = 0;
+                              double grad_scale, float* grad, const LossWeights& w) = 0;
   // Per pixel of [n, k, hw] logits; class maps [n, hw] of class ids (device floats).
   virtual double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                                     double grad_scale, float* grad) = 0;
+                                     double grad_scale, float* grad, const LossWeights& w) = 0;
   virtual double sigmoid_bce(size_t count, const float* logits, const float* targets,
-                             double grad_scale, float* grad) = 0;
+                             double grad_scale, float* grad, const LossWeights& w) = 0;
   virtual double mse(size_t count, const float* pred, const float* targets, double grad_scale,
                      float* grad) = 0;
 

@@ -256,17 +256,17 @@ class CpuBackend : public ComputeBackend {
     cpu::dense_backward(n, in, out, x, w, dy, dx, dw, db);
   }
 
-  double softmax_xent(int n, int k, const float* logits, const int32_t* labels, double scale,
-                      float* grad) override {
-    return cpu::softmax_xent(n, k, logits, labels, scale, grad);
+  double softmax_xent(int n, int k, const float* logits, const int32_t* labels, double scale, float* grad,
+                      const LossWeights& w) override {
+    return cpu::softmax_xent(n, k, logits, labels, scale, grad, w);
   }
   double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes, double scale,
-                             float* grad) override {
-    return cpu::softmax_xent_pixels(n, k, hw, logits, classes, scale, grad);
+                             float* grad, const LossWeights& w) override {
+    return cpu::softmax_xent_pixels(n, k, hw, logits, classes, scale, grad, w);
   }
-  double sigmoid_bce(size_t count, const float* logits, const float* targets, double scale,
-                     float* grad) override {
-    return cpu::sigmoid_bce(count, logits, targets, scale, grad);
+  double sigmoid_bce(size_t count, const float* logits, const float* targets, double scale, float* grad,
+                     const LossWeights& w) override {
+    return cpu::sigmoid_bce(count, logits, targets, scale, grad, w);
   }
   double mse(size_t count, const float* pred, const float* targets, double scale, float* grad) override {
     return cpu::mse(count, pred, targets, scale, grad);

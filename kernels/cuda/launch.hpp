@@ -11,6 +11,7 @@
 #include "kernels/activation.hpp"
 #include "kernels/dropout.hpp"
 #include "kernels/geometry.hpp"
+#include "kernels/loss_weights.hpp"
 
 namespace ht::cuda {
 
@@ -108,14 +109,14 @@ void launch_dense_backward(int n, int in, int out, const float* x, const float* 
                            float* dw, float* db);
 
 // loss.cu: per-row (softmax) or per-block (elementwise) loss sums in double, gradients
-// scaled by grad_scale. grad may be null.
+// scaled by grad_scale, each element weighted by w. grad may be null.
 void launch_softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale,
-                         float* grad, double* row_loss);
+                         float* grad, double* row_loss, const LossWeights& w);
 int loss_blocks(size_t count);
 void launch_softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                                double grad_scale, float* grad, int blocks, double* partials);
+                                double grad_scale, float* grad, int blocks, double* partials, const LossWeights& w);
 void launch_sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
-                        float* grad, int blocks, double* partials);
+                        float* grad, int blocks, double* partials, const LossWeights& w);
 void launch_mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad,
                 int blocks, double* partials);
 

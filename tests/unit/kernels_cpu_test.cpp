@@ -443,6 +443,55 @@ TEST(LossCpu, SigmoidBce) {
   EXPECT_EQ(gs, (Vec{0, 0, 0.25, -0.25}));
 }
 
+// Keras's class_weight (each element's loss times its class's weight) and torch's
+// pos_weight: against the weighted textbook forms, and the gradients of the weighted sums.
+TEST(LossCpu, WeightedByClassAndPosWeight) {
+  std::mt19937_64 rng(15);
+  LossWeights w;
+  w.classes = 3;
+  w.class_weight[0] = 0.5f, w.class_weight[1] = 4.f, w.class_weight[2] = 1.5f;
+  w.pos_weight = 3.f;
+  const int n = 4, k = 3;
+  Vec z = random_vec(n * k, rng, -3, 3), g(z.size());
+  std::vector<int32_t> labels = {0, 2, 1, 1};
+  softmax_xent<double>(n, k, z.data(), labels.data(), 1.0, g.data(), w);
+  check_grad("weighted xent", z, g,
+             [&] { return softmax_xent<double>(n, k, z.data(), labels.data(), 1, nullptr, w); });
+  double want = 0;
+  for (int i = 0; i < n; ++i)
+    want += w.class_weight[labels[i]] * softmax_xent<double>(1, k, z.data() + i * k, &labels[i], 1, nullptr);
+  EXPECT_NEAR(softmax_xent<double>(n, k, z.data(), labels.data(), 1, nullptr, w), want, 1e-12);
+
+  const int64_t hw = 5;
+  Vec zp = random_vec(size_t(n) * k * hw, rng, -3, 3), gp(zp.size()), classes(size_t(n) * hw);
+  for (size_t e = 0; e < classes.size(); ++e) classes[e] = double(e * 7 % k);
+  softmax_xent_pixels<double>(n, k, hw, zp.data(), classes.data(), 1.0, gp.data(), w);
+  check_grad("weighted pixel xent", zp, gp,
+             [&] { return softmax_xent_pixels<double>(n, k, hw, zp.data(), classes.data(), 1, nullptr, w); });
+
+  // BCE: -c (p t log s + (1 - t) log (1 - s)), c = w[t].
+  Vec x = random_vec(20, rng, -4, 4), t(20), gb(20);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = i % 3 == 0;
+  sigmoid_bce<double>(x.size(), x.data(), t.data(), 1.0, gb.data(), w);
+  check_grad("weighted bce", x, gb,
+             [&] { return sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr, w); });
+  double bce = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double s = 1 / (1 + std::exp(-x[i]));
+    bce -= w.class_weight[int(t[i])] * (w.pos_weight * t[i] * std::log(s) + (1 - t[i]) * std::log(1 - s));
+  }
+  EXPECT_NEAR(sigmoid_bce<double>(x.size(), x.data(), t.data(), 1, nullptr, w), bce, 1e-10);
+  // Unweighted is exactly what it was: the weights' terms vanish at p = 1 without classes.
+  Vec g1(20), g2(20);
+  sigmoid_bce<double>(x.size(), x.data(), t.data(), 0.5, g1.data());
+  sigmoid_bce<double>(x.size(), x.data(), t.data(), 0.5, g2.data(), LossWeights());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double s = 1 / (1 + std::exp(-x[i]));
+    EXPECT_NEAR(g1[i], 0.5 * (s - t[i]), 1e-15);
+  }
+  EXPECT_EQ(g1, g2);
+}
+
 TEST(LossCpu, Mse) {
   std::mt19937_64 rng(14);
   Vec p = random_vec(15, rng), t = random_vec(15, rng), g(15);

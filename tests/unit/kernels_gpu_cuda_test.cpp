@@ -366,58 +366,67 @@ TEST_F(CudaBackendTest, GlobalAveragePoolAndDenseMatchReference) {
   }
 }
 
+// Unweighted, and weighted by class (and pos_weight for BCE) as SPEC section 14 says.
 TEST_F(CudaBackendTest, LossesMatchReference) {
-  const int n = 5, k = 4;
-  const Vec logits = random_vec(size_t(n) * k, 100, -20.f, 20.f);
-  const std::vector<int32_t> labels = {0, 3, 1, 2, 3};
-  const DVec ld = to_double(logits);
-  DVec rgrad(logits.size());
-  const double rloss = cpu::softmax_xent(n, k, ld.data(), labels.data(), 1.0 / n, rgrad.data());
-  float* grad = dev_zero(logits.size());
-  float* dl = dev(logits);
-  const double loss = gpu_->softmax_xent(n, k, dl, labels.data(), 1.0 / n, grad);
-  EXPECT_NEAR(loss, rloss, 1e-6 + 1e-6 * std::fabs(rloss));
-  expect_close(host(grad, logits.size()), rgrad, 1e-7, 1e-5, "softmax_xent grad");
-  const std::vector<int32_t> bad = {0, 4, 1, 2, 3};
-  EXPECT_THROW(gpu_->softmax_xent(n, k, dl, bad.data(), 1.0, grad), std::out_of_range);
+  LossWeights weighted;
+  weighted.classes = 4;
+  const float class_weight[4] = {0.5f, 3.f, 1.25f, 0.f};
+  std::copy(class_weight, class_weight + 4, weighted.class_weight);
+  weighted.pos_weight = 2.5f;
+  for (const LossWeights& w : {LossWeights(), weighted}) {
+    const int n = 5, k = 4;
+    const Vec logits = random_vec(size_t(n) * k, 100, -20.f, 20.f);
+    const std::vector<int32_t> labels = {0, 3, 1, 2, 3};
+    const DVec ld = to_double(logits);
+    DVec rgrad(logits.size());
+    const double rloss = cpu::softmax_xent(n, k, ld.data(), labels.data(), 1.0 / n, rgrad.data(), w);
+    float* grad = dev_zero(logits.size());
+    float* dl = dev(logits);
+    const double loss = gpu_->softmax_xent(n, k, dl, labels.data(), 1.0 / n, grad, w);
+    EXPECT_NEAR(loss, rloss, 1e-6 + 1e-6 * std::fabs(rloss));
+    expect_close(host(grad, logits.size()), rgrad, 1e-7, 1e-5, "softmax_xent grad");
+    const std::vector<int32_t> bad = {0, 4, 1, 2, 3};
+    EXPECT_THROW(gpu_->softmax_xent(n, k, dl, bad.data(), 1.0, grad, w), std::out_of_range);
 
-  // Per pixel: [n][k][hw] with hw spanning several reduction blocks.
-  {
-    const int pn = 2, pk = 3;
-    const int64_t hw = 40000;
-    const Vec z = random_vec(size_t(pn) * pk * hw, 103, -6.f, 6.f);
-    Vec classes(size_t(pn) * hw);
-    for (size_t e = 0; e < classes.size(); ++e) classes[e] = float(e % 7 % pk);
-    const DVec zd = to_double(z), cd = to_double(classes);
-    DVec rg(z.size());
-    const double scale = 1.0 / double(pn * hw);
-    const double r = cpu::softmax_xent_pixels(pn, pk, hw, zd.data(), cd.data(), scale, rg.data());
-    float* g = dev_zero(z.size());
-    const double got = gpu_->softmax_xent_pixels(pn, pk, hw, dev(z), dev(classes), scale, g);
+    // Per pixel: [n][k][hw] with hw spanning several reduction blocks.
+    {
+      const int pn = 2, pk = 3;
+      const int64_t hw = 40000;
+      const Vec z = random_vec(size_t(pn) * pk * hw, 103, -6.f, 6.f);
+      Vec classes(size_t(pn) * hw);
+      for (size_t e = 0; e < classes.size(); ++e) classes[e] = float(e % 7 % pk);
+      const DVec zd = to_double(z), cd = to_double(classes);
+      DVec rg(z.size());
+      const double scale = 1.0 / double(pn * hw);
+      const double r = cpu::softmax_xent_pixels(pn, pk, hw, zd.data(), cd.data(), scale, rg.data(), w);
+      float* g = dev_zero(z.size());
+      const double got = gpu_->softmax_xent_pixels(pn, pk, hw, dev(z), dev(classes), scale, g, w);
+      EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
+      expect_close(host(g, z.size()), rg, 1e-10, 1e-5, "softmax_xent_pixels grad");
+    }
+
+    // Large |x| checks the stable forms; count spans several reduction blocks.
+    const size_t count = 70001;
+    Vec x = random_vec(count, 101, -8.f, 8.f), t = random_vec(count, 102, 0.f, 1.f);
+    x[0] = 60.f, x[1] = -60.f, t[0] = 0.f, t[1] = 1.f;
+    for (size_t i = 2; i < count; i += 3) t[i] = std::round(t[i]);
+    const DVec xd = to_double(x), td = to_double(t);
+    DVec rg(count);
+    const double scale = 1.0 / double(count);
+    float* g = dev_zero(count);
+    float *dxv = dev(x), *dt = dev(t);
+    double r = cpu::sigmoid_bce(count, xd.data(), td.data(), scale, rg.data(), w);
+    double got = gpu_->sigmoid_bce(count, dxv, dt, scale, g, w);
     EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
-    expect_close(host(g, z.size()), rg, 1e-10, 1e-5, "softmax_xent_pixels grad");
+    expect_close(host(g, count), rg, 1e-10, 1e-5, "sigmoid_bce grad");
+    EXPECT_NEAR(gpu_->sigmoid_bce(count, dxv, dt, scale, nullptr, w), r, 1e-9 * std::fabs(r));
+    if (w.classes) continue;  // mse takes no weights
+
+    r = cpu::mse(count, xd.data(), td.data(), scale, rg.data());
+    got = gpu_->mse(count, dxv, dt, scale, g);
+    EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
+    expect_close(host(g, count), rg, 1e-10, 1e-5, "mse grad");
   }
-
-  // Large |x| checks the stable forms; count spans several reduction blocks.
-  const size_t count = 70001;
-  Vec x = random_vec(count, 101, -8.f, 8.f), t = random_vec(count, 102, 0.f, 1.f);
-  x[0] = 60.f, x[1] = -60.f, t[0] = 0.f, t[1] = 1.f;
-  for (size_t i = 2; i < count; i += 3) t[i] = std::round(t[i]);
-  const DVec xd = to_double(x), td = to_double(t);
-  DVec rg(count);
-  const double scale = 1.0 / double(count);
-  float* g = dev_zero(count);
-  float *dxv = dev(x), *dt = dev(t);
-  double r = cpu::sigmoid_bce(count, xd.data(), td.data(), scale, rg.data());
-  double got = gpu_->sigmoid_bce(count, dxv, dt, scale, g);
-  EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
-  expect_close(host(g, count), rg, 1e-10, 1e-5, "sigmoid_bce grad");
-  EXPECT_NEAR(gpu_->sigmoid_bce(count, dxv, dt, scale, nullptr), r, 1e-9 * std::fabs(r));
-
-  r = cpu::mse(count, xd.data(), td.data(), scale, rg.data());
-  got = gpu_->mse(count, dxv, dt, scale, g);
-  EXPECT_NEAR(got, r, 1e-9 * std::fabs(r));
-  expect_close(host(g, count), rg, 1e-10, 1e-5, "mse grad");
 }
 
 TEST_F(CudaBackendTest, OptimizersMatchReference) {

@@ -189,17 +189,17 @@ class StandInDevice final : public ComputeBackend {
                       float* dw, float* db) override {
     cpu_->dense_backward(n, in, out, x, w, dy, dx, dw, db);
   }
-  double softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale,
-                      float* grad) override {
-    return cpu_->softmax_xent(n, k, logits, labels, grad_scale, grad);
+  double softmax_xent(int n, int k, const float* logits, const int32_t* labels, double grad_scale, float* grad,
+                      const LossWeights& w) override {
+    return cpu_->softmax_xent(n, k, logits, labels, grad_scale, grad, w);
   }
   double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                             double grad_scale, float* grad) override {
-    return cpu_->softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad);
+                             double grad_scale, float* grad, const LossWeights& w) override {
+    return cpu_->softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, w);
   }
-  double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
-                     float* grad) override {
-    return cpu_->sigmoid_bce(count, logits, targets, grad_scale, grad);
+  double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale, float* grad,
+                     const LossWeights& w) override {
+    return cpu_->sigmoid_bce(count, logits, targets, grad_scale, grad, w);
   }
   double mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad) override {
     return cpu_->mse(count, pred, targets, grad_scale, grad);

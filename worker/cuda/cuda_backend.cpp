@@ -459,7 +459,7 @@ void CudaBackend::dense_backward(int n, int in, int out, const float* x, const f
 }
 
 double CudaBackend::softmax_xent(int n, int k, const float* logits, const int32_t* host_labels,
-                                 double grad_scale, float* grad) {
+                                 double grad_scale, float* grad, const LossWeights& w) {
   for (int i = 0; i < n; ++i)
     if (host_labels[i] < 0 || host_labels[i] >= k)
       throw std::out_of_range("softmax_xent: label " + std::to_string(host_labels[i]) + " of sample " +
@@ -469,7 +469,7 @@ double CudaBackend::softmax_xent(int n, int k, const float* logits, const int32_
   int32_t* labels = labels_.get_as<int32_t>(size_t(n));
   CUDA_CHECK(cudaMemcpy(labels, host_labels, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
   double* rows = partials_.get_as<double>(size_t(n));
-  launch_softmax_xent(n, k, logits, labels, grad_scale, grad, rows);
+  launch_softmax_xent(n, k, logits, labels, grad_scale, grad, rows, w);
   double total = 0.0;
   finish_on_host(rows, 1, n, &total);
   return total;
@@ -487,17 +487,17 @@ double CudaBackend::loss_sum(size_t count, const std::function<void(int, double*
 }
 
 double CudaBackend::softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                                        double grad_scale, float* grad) {
+                                        double grad_scale, float* grad, const LossWeights& w) {
   const size_t count = size_t(n) * size_t(hw);
   return loss_sum(count, [&](int blocks, double* part) {
-    launch_softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, blocks, part);
+    launch_softmax_xent_pixels(n, k, hw, logits, classes, grad_scale, grad, blocks, part, w);
   });
 }
 
 double CudaBackend::sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
-                                float* grad) {
+                                float* grad, const LossWeights& w) {
   return loss_sum(count, [&](int blocks, double* part) {
-    launch_sigmoid_bce(count, logits, targets, grad_scale, grad, blocks, part);
+    launch_sigmoid_bce(count, logits, targets, grad_scale, grad, blocks, part, w);
   });
 }
 

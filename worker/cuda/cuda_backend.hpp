@@ -114,11 +114,11 @@ class CudaBackend final : public ComputeBackend {
                       float* dw, float* db) override;
 
   double softmax_xent(int n, int k, const float* logits, const int32_t* host_labels, double grad_scale,
-                      float* grad) override;
+                      float* grad, const LossWeights& w) override;
   double softmax_xent_pixels(int n, int k, int64_t hw, const float* logits, const float* classes,
-                             double grad_scale, float* grad) override;
+                             double grad_scale, float* grad, const LossWeights& w) override;
   double sigmoid_bce(size_t count, const float* logits, const float* targets, double grad_scale,
-                     float* grad) override;
+                     float* grad, const LossWeights& w) override;
   double mse(size_t count, const float* pred, const float* targets, double grad_scale, float* grad) override;
 
   void sgd_step(size_t n, float* w, const float* g, float* v, float lr, float momentum) override;
