@@ -139,6 +139,7 @@ int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
              "checkpoint {}",
              s.steps, s.final_loss, validation, s.peak_device_bytes / 1048576.0, usage.ru_maxrss / 1024.0,
              s.checkpoint);
+  if (!s.stopped_early.empty()) log().info("the run ended before training.steps: {}", s.stopped_early);
   return 0;
 }
 
@@ -243,6 +244,11 @@ int run(int argc, char** argv) {
   import->add_option("--weights", import_weights, "init weights to write (default: MODEL's name with -init.h5)");
   std::string input_size;
   import->add_option("--input-size", input_size, "H,W: the image size of a model whose input leaves it open");
+  int import_channels = 0;
+  import->add_option("--channels", import_channels,
+                     "the image's channels: a pretrained first conv's kernel summed over its input channels for 1 "
+                     "(gray images into an RGB model), repeated and scaled otherwise")
+      ->check(CLI::PositiveNumber);
 
   std::string file;
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
@@ -291,6 +297,7 @@ int run(int argc, char** argv) {
       options.input_height = h;
       options.input_width = w;
     }
+    options.channels = import_channels;
     return run_import(model_file, import_config, import_weights, options, std::cout);
   }
   return 1;

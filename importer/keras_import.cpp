@@ -162,6 +162,73 @@ std::vector<ImportedWeights> keras_file_weights(const ImportedModel& m) {
 
 }  // namespace
 
+void set_input_channels(ImportedModel& m, int channels) {
+  if (channels == m.model.channels) return;
+  const std::vector<LayerConfig>& layers = m.model.layers;
+  // The layer that reads tensor `name`, through padding and cropping, must be one conv2d.
+  auto readers_of = [&](const std::string& name) {
+    std::vector<size_t> out;
+    for (size_t j = 0; j < layers.size(); ++j) {
+      const std::vector<std::string>& in = layers[j].inputs;
+      const std::string& before = j == 0 ? std::string("input") : layers[j - 1].name;
+      if (in.empty() ? before == name : std::find(in.begin(), in.end(), name) != in.end()) out.push_back(j);
+    }
+    return out;
+  };
+  const std::string fail = fmt::format("{}: --channels {}: halotrain changes the channels of a first conv2d (groups "
+                                       "1) that reads the image, through padding or cropping only; ",
+                                       m.source, channels);
+  std::string name = "input";
+  const LayerConfig* conv = nullptr;
+  while (!conv) {
+    const std::vector<size_t> readers = readers_of(name);
+    if (readers.size() != 1)
+      throw ConfigError(fail + fmt::format("'{}' is read by {} layers", name, readers.size()));
+    const LayerConfig& l = layers[readers[0]];
+    if (l.type() == "conv2d" && l.integer("groups") == 1)
+      conv = &l;
+    else if (l.type() == "zero_padding2d" || l.type() == "cropping2d")
+      name = l.name;
+    else
+      throw ConfigError(fail + fmt::format("'{}' reads it, a {}", l.name, l.type()));
+  }
+  const int from = m.model.channels;
+  if (m.has_weights) {
+    if (m.weights.empty()) m.weights = keras_file_weights(m);
+    for (ImportedWeights& w : m.weights) {
+      if (w.layer != conv->name) continue;
+      // The kernel, Keras layout (kh, kw, cin, cout): summed over cin for one channel (as timm
+      // does), else cin's kernels repeated and scaled by cin / channels.
+      const std::vector<int64_t>& shape = w.shapes.at(0);
+      const int64_t taps = shape[0] * shape[1], cout = shape[3];
+      const std::vector<float>& k = w.values[0];
+      std::vector<float> out(size_t(taps * channels * cout), 0.f);
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t o = 0; o < cout; ++o) {
+          if (channels == 1) {
+            double sum = 0;
+            for (int64_t c = 0; c < from; ++c) sum += k[size_t((t * from + c) * cout + o)];
+            out[size_t(t * cout + o)] = float(sum);
+          } else {
+            for (int64_t c = 0; c < channels; ++c)
+              out[size_t((t * channels + c) * cout + o)] =
+                  float(double(k[size_t((t * from + c % from) * cout + o)]) * from / channels);
+          }
+        }
+      w.values[0] = std::move(out);
+      w.shapes[0][2] = channels;
+    }
+  }
+  m.model.channels = channels;
+  m.notes.push_back(fmt::format("--channels {}: the image has {} channel{}; conv2d '{}' takes them{}", channels,
+                                channels, channels == 1 ? "" : "s", conv->name,
+                                !m.has_weights ? ""
+                                : channels == 1
+                                    ? fmt::format(", its kernel summed over its {} input channels", from)
+                                    : fmt::format(", its kernel's {} input channels repeated and scaled by {}/{}",
+                                                  from, from, channels)));
+}
+
 void write_imported_weights(const ImportedModel& m, const std::string& path) {
   const std::vector<ImportedWeights> weights = m.weights.empty() ? keras_file_weights(m) : m.weights;
   std::vector<std::string> names;
@@ -199,7 +266,8 @@ void write_imported_weights(const ImportedModel& m, const std::string& path) {
 int run_import(const std::string& model_path, std::string config_path, std::string weights_path,
                const ImportOptions& options, std::ostream& out) {
   const bool onnx = std::filesystem::path(model_path).extension() == ".onnx";
-  const ImportedModel m = onnx ? import_onnx_file(model_path, options) : import_keras_file(model_path, options);
+  ImportedModel m = onnx ? import_onnx_file(model_path, options) : import_keras_file(model_path, options);
+  if (options.channels) set_input_channels(m, options.channels);
   if (config_path.empty()) config_path = stem(model_path) + ".yaml";
   if (m.has_weights && weights_path.empty()) weights_path = stem(model_path) + "-init.h5";
   if (!m.has_weights) weights_path.clear();

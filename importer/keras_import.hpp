@@ -38,6 +38,8 @@ struct ImportedModel {
 struct ImportOptions {
   // --input-size H,W: the image size of a model whose input leaves it open (0: none given).
   int input_height = 0, input_width = 0;
+  // --channels N: the image's channels, the first conv2d's kernel converted (0: as the model).
+  int channels = 0;
 };
 
 // Reads a Keras JSON model (model.to_json(), or a model.save() file's model_config;
@@ -69,6 +71,12 @@ void check_imported(const ImportedModel& m);
 // `init_weights` (may be empty) becomes training.init_weights. Checked by parsing it back
 // and building the model spec, so `halotrain plan` works on it at once.
 std::string imported_config_yaml(const ImportedModel& model, const std::string& init_weights);
+
+// --channels N (SPEC section 14): the model takes images of `channels` channels; the first
+// conv2d (reached from the image through padding or cropping only, groups 1) has its kernel
+// summed over its input channels for 1 (as timm adapts a pretrained RGB stem), repeated and
+// scaled by cin / N otherwise. ConfigError naming the layer that stands in the way.
+void set_input_channels(ImportedModel& model, int channels);
 
 // The model's weights (its `weights`, or those of its model.save() file) as a Keras weights
 // file that training.init_weights reads (written to a temporary file, then renamed).

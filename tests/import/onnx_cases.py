@@ -179,21 +179,26 @@ def randomize(module, seed):
     return module
 
 
-def predict_case(tag, module, shape, grid=(2, 2), opset=13, atol=2e-5, rtol=2e-4):
+def predict_case(tag, module, shape, grid=(2, 2), opset=13, atol=2e-5, rtol=2e-4, channels=None):
     """Exports `module`, imports it, and predicts a few images on `grid` with the plain
     weights file the import wrote; the probabilities equal the module's eval forward in
-    float64 (softmax over the classes, per image or per pixel)."""
+    float64 (softmax over the classes, per image or per pixel).
+
+    channels: imported with `--channels N` and fed N-channel images; the reference feeds
+    the module what the converted first conv computes: for N = 1 the gray image in every
+    channel, else image channel c added into the module's channel c % C times C / N."""
     work = os.path.join(WORK, tag)
     os.makedirs(work, exist_ok=True)
     path = os.path.join(work, f"{tag}.onnx")
     export(module, shape, path, opset)
-    r = subprocess.run([BIN, "import", path], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([BIN, "import", path] + (["--channels", str(channels)] if channels else []),
+                       capture_output=True, text=True, timeout=300)
     cfg, init = os.path.join(work, f"{tag}.yaml"), os.path.join(work, f"{tag}-init.h5")
     check(f"{tag}: import exits 0", r.returncode == 0 and os.path.exists(cfg), (r.stdout + r.stderr)[-2000:])
     if r.returncode != 0:
         return
     rng = np.random.default_rng(3)
-    n, c, h, w = 2, shape[1], shape[2], shape[3]
+    n, c, h, w = 2, channels or shape[1], shape[2], shape[3]
     images = rng.uniform(0, 1, (n, h, w, c)).astype(np.float32)
     data, out = os.path.join(work, "images.h5"), os.path.join(work, "predictions.h5")
     with h5py.File(data, "w") as f:
@@ -206,8 +211,16 @@ def predict_case(tag, module, shape, grid=(2, 2), opset=13, atol=2e-5, rtol=2e-4
           r.returncode == 0 and os.path.exists(out), (r.stdout + r.stderr)[-2000:])
     if r.returncode != 0:
         return
+    x = torch.tensor(images, dtype=torch.float64).permute(0, 3, 1, 2)
+    if channels == 1:
+        x = x.repeat(1, shape[1], 1, 1)
+    elif channels:
+        fed = torch.zeros((n, shape[1], h, w), dtype=torch.float64)
+        for k in range(channels):
+            fed[:, k % shape[1]] += x[:, k] * shape[1] / channels
+        x = fed
     with torch.no_grad():
-        ref = module.double().eval()(torch.tensor(images, dtype=torch.float64).permute(0, 3, 1, 2))
+        ref = module.double().eval()(x)
     ref = ref["out"] if isinstance(ref, dict) else ref
     ref = (torch.sigmoid(ref) if ref.shape[1] == 1 else F.softmax(ref, dim=1)).numpy()
     if ref.ndim == 4:

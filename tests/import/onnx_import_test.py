@@ -12,6 +12,7 @@
 
 usage: onnx_import_test.py HALOTRAIN WORKDIR
 """
+import copy
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import onnx_cases  # noqa: E402
 import torchvision_resnet18  # noqa: E402
-from onnx_cases import FAILED, case, check, export  # noqa: E402
+import torchvision  # noqa: E402
+from onnx_cases import FAILED, case, check, export, predict_case, randomize  # noqa: E402
 
 BIN, WORK = sys.argv[1], sys.argv[2]
 onnx_cases.BIN, onnx_cases.WORK = BIN, WORK
@@ -108,6 +110,17 @@ class Wrap(nn.Module):
         return self.f(self.conv(x))
 
 
+def channels_refused():
+    """--channels where the image is not read by one first convolution names what reads it."""
+    path = os.path.join(WORK, "bad", "unet.onnx")
+    export(UNet(), (1, 2, 28, 24), path)
+    r = subprocess.run([BIN, "import", path, "--channels", "1", "-o", os.path.join(WORK, "bad", "unet.yaml")],
+                       capture_output=True, text=True, timeout=300)
+    check("--channels 1 on a model whose image feeds two layers: exit 1 naming them",
+          r.returncode == 1 and "--channels 1" in r.stderr and "'input' is read by 2 layers" in r.stderr
+          and not os.path.exists(os.path.join(WORK, "bad", "unet.yaml")), r.stderr[-1000:])
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(os.path.join(WORK, "bad"))
@@ -115,6 +128,12 @@ def main():
     case("resnet18", torchvision_resnet18.torchvision_model(), (1, 1, 71, 57), "labels", F.cross_entropy)
     torch.manual_seed(2)
     case("unet", UNet(), (1, 2, 28, 24), "masks", lambda out, t: F.binary_cross_entropy(out, t))
+
+    # --channels (SPEC section 14): an ImageNet model's RGB stem takes gray images, or four channels.
+    rgb = randomize(torchvision.models.resnet18(num_classes=2), 9)
+    predict_case("resnet18-gray", copy.deepcopy(rgb), (2, 3, 64, 48), channels=1)
+    predict_case("resnet18-four", rgb, (2, 3, 64, 48), channels=4)
+    channels_refused()
 
     refused("elu", Wrap(nn.ELU()), (1, 1, 8, 8), "is not an op halotrain has")
     refused("instance norm with running statistics", Wrap(nn.InstanceNorm2d(4, affine=True, track_running_stats=True)),
