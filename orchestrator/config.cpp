@@ -17,6 +17,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "kernels/loss_weights.hpp"
 #include "orchestrator/config_model.hpp"
 #include "orchestrator/config_yaml.hpp"
 #include "orchestrator/files.hpp"
@@ -111,17 +112,31 @@ void read_optimizer(const Item& it, OptimizerConfig& o) {
   }
 }
 
+// A monitor's keys in `r` (SPEC section 14): monitor (default val_loss), mode. Which names
+// exist is checked once the whole config is read (check_monitors).
+Monitor read_monitor(const MapReader& r) {
+  Monitor m;
+  m.name = r.get_string("monitor", m.name);
+  m.mode = r.get_choice("mode", MonitorMode::Auto, {"auto", "min", "max"},
+                        {MonitorMode::Auto, MonitorMode::Min, MonitorMode::Max});
+  const Item at = r.has("monitor") ? r["monitor"] : r.self();
+  m.where = at.where() + ": " + (r.has("monitor") ? at.path : at.path + ".monitor");
+  return m;
+}
+
 void read_lr_schedule(const Item& it, LrSchedule& s) {
   if (!it.present || it.node.IsNull()) return;
   if (!it.node.IsMap()) it.expected("a map such as {type: cosine, warmup_steps: 100}");
   const Item type_item = peek(it, "type");
-  if (!type_item.present) type_item.missing("one of constant | cosine | step");
-  const std::vector<ScheduleType> types = {ScheduleType::Constant, ScheduleType::Cosine, ScheduleType::Step};
-  s.type = types.at(cfg::as_choice(type_item, {"constant", "cosine", "step"}));
+  if (!type_item.present) type_item.missing("one of constant | cosine | step | plateau");
+  const std::vector<ScheduleType> types = {ScheduleType::Constant, ScheduleType::Cosine, ScheduleType::Step,
+                                           ScheduleType::Plateau};
+  s.type = types.at(cfg::as_choice(type_item, {"constant", "cosine", "step", "plateau"}));
   const std::map<ScheduleType, std::vector<std::string>> keys = {
       {ScheduleType::Constant, {"type"}},
       {ScheduleType::Cosine, {"type", "warmup_steps", "min_lr"}},
-      {ScheduleType::Step, {"type", "every", "factor"}}};
+      {ScheduleType::Step, {"type", "every", "factor"}},
+      {ScheduleType::Plateau, {"type", "monitor", "mode", "factor", "patience", "min_delta", "min_lr", "cooldown"}}};
   const std::vector<std::string>& allowed = keys.at(s.type);
   auto foreign = [&](const std::string& key) -> std::optional<std::string> {
     for (const auto& [type, ks] : keys)
@@ -137,13 +152,22 @@ void read_lr_schedule(const Item& it, LrSchedule& s) {
   } else if (s.type == ScheduleType::Step) {
     s.every = r.get_int("every", s.every, 1, kI64Max);
     s.factor = r.get_positive("factor", s.factor);
+  } else if (s.type == ScheduleType::Plateau) {
+    s.monitor = read_monitor(r);
+    s.factor = r.get_unit("factor", 0.1);
+    if (s.factor == 0) r["factor"].expected("a number in (0, 1): the factor the learning rate is multiplied by");
+    s.patience = r.get_int("patience", s.patience, 0, kI64Max);
+    s.min_delta = r.get_nonneg("min_delta", s.min_delta);
+    s.min_lr = r.get_nonneg("min_lr", s.min_lr);
+    s.cooldown = r.get_int("cooldown", s.cooldown, 0, kI64Max);
   }
 }
 
 void read_training(const MapReader& root, TrainingConfig& t) {
   MapReader r(root["training"],
               {"batch_size", "steps", "epochs", "optimizer", "init_weights", "init_by_name", "log_every",
-               "validate_every", "metrics", "lr_schedule", "weight_decay", "accumulate"});
+               "validate_every", "metrics", "lr_schedule", "weight_decay", "accumulate", "class_weights",
+               "pos_weight", "early_stopping", "freeze", "unfreeze_at"});
   t.batch_size = int(r.get_int("batch_size", t.batch_size, 1, kIntMax));
   t.steps = r.get_int("steps", 0, 0, kI64Max);
   t.epochs = r.get_int("epochs", 0, 0, kI64Max);
@@ -176,6 +200,31 @@ void read_training(const MapReader& root, TrainingConfig& t) {
   if (t.batch_size % t.accumulate != 0)
     r["accumulate"].fail(fmt::format("{}: {} micro-batches must divide training.batch_size {}", r["accumulate"].path,
                                      t.accumulate, t.batch_size));
+  if (Item w = r["class_weights"]; w.present && !w.node.IsNull()) {
+    const char* what = "a list of one weight (a number >= 0) per class, such as [1.0, 20.0]";
+    if (!w.node.IsSequence() || w.node.size() < 2) w.expected(what);
+    if (w.node.size() > size_t(LossWeights::kMaxClasses))
+      w.fail(fmt::format("{}: {} weights; at most {} classes can be weighted", w.path, w.node.size(),
+                         LossWeights::kMaxClasses));
+    for (size_t i = 0; i < w.node.size(); ++i) t.class_weights.push_back(cfg::as_double_nonneg(w.element(i)));
+  }
+  if (Item p = r["pos_weight"]; p.present && !p.node.IsNull()) t.pos_weight = cfg::as_double_positive(p);
+  if (Item f = r["freeze"]; f.present && !f.node.IsNull()) {
+    if (!f.node.IsSequence()) f.expected("a list of layer names or glob patterns, such as [\"stem*\", block1_conv]");
+    for (size_t i = 0; i < f.node.size(); ++i) t.freeze.push_back(cfg::as_string(f.element(i)));
+  }
+  t.unfreeze_at = r.get_int("unfreeze_at", t.unfreeze_at, 0, kI64Max);
+  if (t.unfreeze_at > 0 && t.freeze.empty())
+    r["unfreeze_at"].fail(fmt::format("{}: releases the layers of training.freeze, and it is empty",
+                                      r["unfreeze_at"].path));
+  if (Item e = r["early_stopping"]; e.present && !e.node.IsNull()) {
+    MapReader es(e, {"monitor", "mode", "patience", "min_delta"}, {}, false);
+    EarlyStopping stop;
+    stop.monitor = read_monitor(es);
+    stop.patience = es.get_int("patience", stop.patience, 0, kI64Max);
+    stop.min_delta = es.get_nonneg("min_delta", stop.min_delta);
+    t.early_stopping = stop;
+  }
 }
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
@@ -285,6 +334,34 @@ void read_slurm(const MapReader& root, SlurmConfig& s) {
   }
 }
 
+// Every monitor names a figure that validation computes: val_loss, or val_ and one of
+// training.metrics; and validation runs during training (data.validation, validate_every).
+void check_monitors(const Config& c) {
+  std::vector<const Monitor*> monitors;
+  if (c.checkpoint.best) monitors.push_back(&*c.checkpoint.best);
+  if (c.training.early_stopping) monitors.push_back(&c.training.early_stopping->monitor);
+  if (c.training.lr_schedule.type == ScheduleType::Plateau) monitors.push_back(&c.training.lr_schedule.monitor);
+  std::vector<std::string> names{"val_loss"};
+  for (Metric m : c.training.metrics) names.push_back(std::string("val_") + to_string(m));
+  for (const Monitor* m : monitors) {
+    if (std::find(names.begin(), names.end(), m->name) == names.end())
+      throw ConfigError(fmt::format("{}: expected a validation figure: one of {} (training.metrics adds val_ and a "
+                                    "metric); found '{}'",
+                                    m->where, cfg::join(names, ", "), m->name));
+    if (c.data.validation.empty() || c.training.validate_every == 0)
+      throw ConfigError(fmt::format("{}: {} is computed by validation during training: set data.validation and "
+                                    "training.validate_every (steps, > 0){}",
+                                    m->where, m->name,
+                                    c.data.validation.empty() ? "" : "; training.validate_every is 0"));
+  }
+}
+
+bool is_max_figure(const std::string& name) {
+  for (const char* m : {"accuracy", "auc", "dice", "iou"})
+    if (name == std::string("val_") + m || name == m) return true;
+  return false;
+}
+
 Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
   Item root_item{&src, "", root_node, root_node, true};
   MapReader root(root_item, {"name", "run_dir", "seed", "data", "model", "training", "parallel", "checkpoint",
@@ -303,10 +380,13 @@ Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
                                   "crop is what the model takes)",
                                   a.crop_height, a.crop_width, c.model.height, c.model.width));
 
-  MapReader ck(root["checkpoint"], {"every_steps", "keep", "resume"});
+  MapReader ck(root["checkpoint"], {"every_steps", "keep", "resume", "best"});
   c.checkpoint.every_steps = ck.get_int("every_steps", c.checkpoint.every_steps, 0, kI64Max);
   c.checkpoint.keep = int(ck.get_int("keep", c.checkpoint.keep, 1, kIntMax));
   c.checkpoint.resume = ck.get_string("resume", c.checkpoint.resume);
+  if (Item b = ck["best"]; b.present && !b.node.IsNull())
+    c.checkpoint.best = read_monitor(MapReader(b, {"monitor", "mode"}, {}, false));
+  check_monitors(c);
 
   MapReader rc(root["recycle"], {"every_steps", "mode"});
   c.recycle.every_steps = rc.get_int("every_steps", c.recycle.every_steps, 0, kI64Max);
@@ -350,9 +430,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 std::optional<int64_t> slurm_time_seconds(const std::string& text) { return slurm_seconds(text); }
 
+bool Monitor::maximizes() const {
+  return mode == MonitorMode::Max || (mode == MonitorMode::Auto && is_max_figure(name));
+}
+
 double scheduled_lr(const LrSchedule& s, double lr, int64_t step, int64_t total_steps) {
   switch (s.type) {
-    case ScheduleType::Constant: return lr;
+    case ScheduleType::Constant:
+    case ScheduleType::Plateau: return lr;  // the plateau's lowering is the trainer's (worker/monitors.hpp)
     case ScheduleType::Cosine: {
       if (step < s.warmup_steps) return lr * double(step + 1) / double(s.warmup_steps);
       const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));

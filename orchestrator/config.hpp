@@ -26,7 +26,8 @@ enum class Backend { CPU, CUDA };
 enum class ActivationPolicy { Auto, Keep, Offload, Recompute };
 enum class RecycleMode { InProcess, Restart };
 enum class Metric { Accuracy, AUC, Dice, IoU };
-enum class ScheduleType { Constant, Cosine, Step };
+enum class ScheduleType { Constant, Cosine, Step, Plateau };
+enum class MonitorMode { Auto, Min, Max };
 
 const char* to_string(PaddingMode m);      // "explicit", "same", "valid"
 const char* to_string(LossType t);
@@ -72,6 +73,9 @@ struct LayerConfig {
   std::vector<std::string> inputs;
   // Every key of the kind, in its order, defaults filled in.
   std::vector<std::pair<std::string, LayerValue>> values;
+  // false: its weights never train (SPEC section 14): no gradient, no optimizer state, a
+  // batch norm normalises with its moving statistics. Keras's `trainable`.
+  bool trainable = true;
 
   const std::string& type() const;  // the YAML spelling: "conv2d", "batch_norm", ...
   // The value of one of the kind's keys; std::logic_error when the kind has no such key
@@ -133,12 +137,34 @@ struct OptimizerConfig {
 // The learning rate of step t (0-based) of T, from the optimizer's lr (SPEC section 8):
 // constant; cosine: linear warmup lr*(t+1)/W for t < W, then min_lr + (lr - min_lr) *
 // (1 + cos(pi*(t-W)/(T-W)))/2; step: lr * factor^floor(t/every).
+// A validation figure that a callback watches (SPEC section 14): val_loss or val_<metric>.
+struct Monitor {
+  std::string name = "val_loss";
+  MonitorMode mode = MonitorMode::Auto;
+  std::string where;  // "cfg.yaml:12: training.early_stopping.monitor", for messages
+  // Whether larger is better: mode max, or auto for accuracy, auc, dice and iou.
+  bool maximizes() const;
+};
+
+// training.early_stopping: Keras's EarlyStopping (absolute min_delta; stop when the
+// validations without improvement reach patience).
+struct EarlyStopping {
+  Monitor monitor;
+  int64_t patience = 0;
+  double min_delta = 0;
+};
+
 struct LrSchedule {
   ScheduleType type = ScheduleType::Constant;
   int64_t warmup_steps = 0;  // cosine
-  double min_lr = 0;         // cosine
+  double min_lr = 0;         // cosine, plateau
   int64_t every = 1000;      // step
-  double factor = 0.5;       // step
+  double factor = 0.5;       // step, plateau (default 0.1 there, as Keras's)
+  // plateau: Keras's ReduceLROnPlateau, its defaults
+  Monitor monitor;
+  int64_t patience = 10;
+  double min_delta = 1e-4;
+  int64_t cooldown = 0;
 };
 double scheduled_lr(const LrSchedule& schedule, double lr, int64_t step, int64_t total_steps);
 
@@ -155,6 +181,16 @@ struct TrainingConfig {
   LrSchedule lr_schedule;
   double weight_decay = 0;  // adam: decoupled (AdamW); sgd: L2 added to the gradient
   int accumulate = 1;       // micro-batches per optimizer step
+  // SPEC section 14: each image's (pixel's) training loss times its class's weight, then
+  // the plain mean (Keras's class_weight); the BCE's positive term times pos_weight
+  // (torch's BCEWithLogitsLoss). Empty and 1: unweighted. Validation losses stay unweighted.
+  std::vector<double> class_weights;
+  double pos_weight = 1;
+  std::optional<EarlyStopping> early_stopping;
+  // Layers (names or glob patterns) frozen until step unfreeze_at (0: for the whole run), as
+  // `trainable: false` is; a layer released there starts its optimizer state then.
+  std::vector<std::string> freeze;
+  int64_t unfreeze_at = 0;
 };
 
 struct ParallelConfig {
@@ -170,6 +206,8 @@ struct CheckpointConfig {
   int64_t every_steps = 50;  // 0: only at the end
   int keep = 3;
   std::string resume = "auto";  // auto | never | a path
+  // run_dir/checkpoints/best.h5 whenever this validation figure improves (SPEC section 14).
+  std::optional<Monitor> best;
 };
 
 struct RecycleConfig {

@@ -59,6 +59,7 @@ const char* to_string(ScheduleType t) {
     case ScheduleType::Constant: return "constant";
     case ScheduleType::Cosine: return "cosine";
     case ScheduleType::Step: return "step";
+    case ScheduleType::Plateau: return "plateau";
   }
   return "?";
 }
@@ -182,6 +183,7 @@ void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
     for (const std::string& name : l.inputs) out << Q{name};
     out << YAML::EndSeq;
   }
+  if (!l.trainable) out << YAML::Key << "trainable" << YAML::Value << false;
   for (const auto& [key, value] : l.values) {
     if (const Padding* p = std::get_if<Padding>(&value)) {
       emit_padding(out, key, *p);
@@ -195,6 +197,12 @@ void emit_layer(YAML::Emitter& out, const LayerConfig& l) {
     else out << std::get<bool>(value);
   }
   out << YAML::EndMap;
+}
+
+void emit_monitor(YAML::Emitter& out, const Monitor& m) {
+  out << YAML::Key << "monitor" << YAML::Value << Q{m.name};
+  out << YAML::Key << "mode" << YAML::Value
+      << (m.mode == MonitorMode::Auto ? "auto" : m.mode == MonitorMode::Min ? "min" : "max");
 }
 
 }  // namespace
@@ -279,9 +287,32 @@ std::string to_yaml(const Config& c) {
         << num(ls.min_lr);
   if (ls.type == ScheduleType::Step)
     out << YAML::Key << "every" << YAML::Value << ls.every << YAML::Key << "factor" << YAML::Value << num(ls.factor);
+  if (ls.type == ScheduleType::Plateau) {
+    emit_monitor(out, ls.monitor);
+    out << YAML::Key << "factor" << YAML::Value << num(ls.factor) << YAML::Key << "patience" << YAML::Value
+        << ls.patience << YAML::Key << "min_delta" << YAML::Value << num(ls.min_delta) << YAML::Key << "min_lr"
+        << YAML::Value << num(ls.min_lr) << YAML::Key << "cooldown" << YAML::Value << ls.cooldown;
+  }
   out << YAML::EndMap;
   out << YAML::Key << "weight_decay" << YAML::Value << num(t.weight_decay);
   out << YAML::Key << "accumulate" << YAML::Value << t.accumulate;
+  if (!t.class_weights.empty()) {
+    out << YAML::Key << "class_weights" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (double w : t.class_weights) out << num(w);
+    out << YAML::EndSeq;
+  }
+  if (t.pos_weight != 1) out << YAML::Key << "pos_weight" << YAML::Value << num(t.pos_weight);
+  if (!t.freeze.empty()) {
+    out << YAML::Key << "freeze" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const std::string& p : t.freeze) out << Q{p};
+    out << YAML::EndSeq << YAML::Key << "unfreeze_at" << YAML::Value << t.unfreeze_at;
+  }
+  if (const auto& es = t.early_stopping) {
+    out << YAML::Key << "early_stopping" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    emit_monitor(out, es->monitor);
+    out << YAML::Key << "patience" << YAML::Value << es->patience << YAML::Key << "min_delta" << YAML::Value
+        << num(es->min_delta) << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   const ParallelConfig& p = c.parallel;
@@ -299,6 +330,11 @@ std::string to_yaml(const Config& c) {
   out << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
   out << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
   out << YAML::Key << "resume" << YAML::Value << Q{c.checkpoint.resume};
+  if (c.checkpoint.best) {
+    out << YAML::Key << "best" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    emit_monitor(out, *c.checkpoint.best);
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
 
   out << YAML::Key << "recycle" << YAML::Value << YAML::BeginMap;

@@ -29,7 +29,7 @@ std::vector<std::string> layer_type_names() {
 }
 
 std::vector<std::string> layer_keys(const LayerKind& kind) {
-  std::vector<std::string> keys = {"type", "name", "inputs"};
+  std::vector<std::string> keys = {"type", "name", "inputs", "trainable"};
   for (const LayerKey& k : kind.keys) keys.push_back(k.name);
   return keys;
 }
@@ -163,6 +163,7 @@ LayerConfig read_layer(const Item& it) {
     if (!in.node.IsSequence() || in.node.size() == 0) in.expected(what);
     for (size_t i = 0; i < in.node.size(); ++i) l.inputs.push_back(cfg::as_string(in.element(i)));
   }
+  if (Item t = r["trainable"]; t.present) l.trainable = cfg::as_bool(t);
   for (const LayerKey& key : l.kind->keys) l.values.emplace_back(key.name, read_layer_value(r, key, l));
   return l;
 }

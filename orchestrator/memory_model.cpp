@@ -294,6 +294,15 @@ class StepReplay {
     leaving_ = -1;
   }
 
+  // Trainer: no gradient reaches layer l (nothing before it trains): what its forward kept
+  // goes, its inputs are not brought back.
+  void skip_backward(int l) {
+    for (uint64_t whole : at(l).gathered) release(kActivations, whole);
+    if (keeps_ext(l)) release(kActivations, at(l).ext);
+    if (where_[l + 1] == Where::Device) release(kActivations, act_bytes(l + 1));
+    where_[l + 1] = Where::Freed;
+  }
+
   void backward(int l) {
     const bool need_dx = makes_input_gradient(m_.layers[l]);
     const uint64_t dy = act_bytes(l + 1);
@@ -374,8 +383,12 @@ class StepReplay {
     alloc(kTransient, act_bytes(L));  // the loss gradient
     has_grad_[L] = true;
     for (int l = L - 1; l >= 0; --l) {
+      if (!m_.layers[l].output_gradient) {
+        skip_backward(l);
+        continue;
+      }
       for (int t : inputs(l)) restore(t);
-      if (l > 0)  // the next backward's inputs come back beside this one
+      if (l > 0 && m_.layers[l - 1].output_gradient)  // the next backward's inputs come back beside this one
         for (int t : inputs(l - 1))
           if (where_[t] == Where::Host) prefetch(t);
       backward(l);

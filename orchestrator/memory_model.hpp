@@ -49,8 +49,11 @@ uint64_t tile_bytes(const Rect& rect, int channels, int batch);
 // not). A layer that does not keep it gathers it again, halo exchange included, on every
 // rank.
 bool backward_reads_window(const LayerSpec& layer);
-// Whether the layer makes the gradient of its `k`th input: not of the image.
-inline bool makes_input_gradient(const LayerSpec& layer, size_t k = 0) { return layer.inputs[k] > 0; }
+// Whether the layer makes the gradient of its `k`th input: not of the image, nor of a
+// tensor before which no weight trains (LayerSpec::input_gradients).
+inline bool makes_input_gradient(const LayerSpec& layer, size_t k = 0) {
+  return layer.inputs[k] > 0 && (layer.input_gradients.empty() || layer.input_gradients[k]);
+}
 
 // Bytes one rank holds at the moment of its peak, by kind. The kinds add up to the total.
 struct MemoryEstimate {

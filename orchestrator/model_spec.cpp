@@ -1,5 +1,7 @@
 #include "orchestrator/model_spec.hpp"
 
+#include <fnmatch.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -157,7 +159,66 @@ void check_metrics(const Config& config, bool spatial_out, int classes) {
   }
 }
 
+// training.class_weights name one weight per class of the loss (K for a softmax, classes 0
+// and 1 for a BCE); pos_weight is the BCE's.
+void check_loss_weights(const Config& config, int classes) {
+  const TrainingConfig& t = config.training;
+  const LossType loss = config.model.loss;
+  if (!t.class_weights.empty()) {
+    if (loss == LossType::MSE)
+      throw ConfigError(fmt::format("{}: training.class_weights weighs softmax_cross_entropy and sigmoid_bce; "
+                                    "model.loss is mse",
+                                    config.source_path));
+    const size_t want = loss == LossType::SigmoidBCE ? 2 : size_t(classes);
+    if (t.class_weights.size() != want)
+      throw ConfigError(fmt::format(
+          "{}: training.class_weights has {} weights; model.loss {} has {} classes ({}), one weight each",
+          config.source_path, t.class_weights.size(), to_string(loss), want,
+          loss == LossType::SigmoidBCE ? "0 and 1" : "the output's channels"));
+  }
+  if (t.pos_weight != 1 && loss != LossType::SigmoidBCE)
+    throw ConfigError(fmt::format("{}: training.pos_weight weighs the positive term of sigmoid_bce; model.loss is {}",
+                                  config.source_path, to_string(loss)));
+}
+
+// Every training.freeze pattern names at least one layer with weights.
+void check_freeze(const Config& config, const ModelSpec& spec) {
+  for (const std::string& pattern : config.training.freeze) {
+    bool any = false;
+    for (const LayerSpec& l : spec.layers)
+      any = any || (!l.weights.empty() && fnmatch(pattern.c_str(), l.config.name.c_str(), 0) == 0);
+    if (any) continue;
+    std::vector<std::string> weighted;
+    for (const LayerSpec& l : spec.layers)
+      if (!l.weights.empty()) weighted.push_back(l.config.name);
+    if (weighted.size() > 12) weighted.resize(12), weighted.push_back("...");
+    throw ConfigError(fmt::format("{}: training.freeze: '{}' matches no layer with weights (the layers with weights: "
+                                  "{})",
+                                  config.source_path, pattern, fmt::join(weighted, ", ")));
+  }
+}
+
 }  // namespace
+
+bool in_freeze(const Config& config, const ModelSpec& model, int l) {
+  const std::string& name = model.layers.at(size_t(l)).config.name;
+  for (const std::string& pattern : config.training.freeze)
+    if (fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return true;
+  return false;
+}
+
+std::vector<char> frozen_layers(const Config& config, const ModelSpec& model, int64_t step) {
+  const int64_t release = config.training.unfreeze_at;
+  std::vector<char> frozen(model.layers.size(), 0);
+  for (size_t l = 0; l < model.layers.size(); ++l)
+    frozen[l] = !model.layers[l].config.trainable ||
+                (in_freeze(config, model, int(l)) && (release == 0 || step < release));
+  return frozen;
+}
+
+int64_t training_starts(const Config& config, const ModelSpec& model, int l) {
+  return in_freeze(config, model, l) ? config.training.unfreeze_at : 0;
+}
 
 LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins, const std::vector<bool>& ins_spatial) {
   LayerSpec l;
@@ -190,6 +251,8 @@ LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins,
     throw LayerShapeError(fmt::format("its output of {}x{}x{} (H x W x C) is {}; at most {} elements per image fit",
                                       o.h, o.w, o.c, o.c < 1 || o.h < 1 || o.w < 1 ? "empty" : "too large",
                                       kMaxElements));
+  if (!config.trainable)
+    for (WeightSpec& w : l.weights) w.trainable = false;
   for (const WeightSpec& w : l.weights) {
     double elements = 1;
     for (int64_t d : w.keras_shape) elements *= double(d);
@@ -249,6 +312,19 @@ ModelSpec build_model_spec(const Config& config) {
   for (int l = 0; l < int(spec.layers.size()); ++l)
     for (int t : spec.layers[l].inputs)
       if (spec.readers[t].empty() || spec.readers[t].back() != l) spec.readers[t].push_back(l);
+  // The backward goes as far as a weight that trains lies before a tensor.
+  std::vector<char> gradient(spec.layers.size() + 1, 0);
+  for (size_t l = 0; l < spec.layers.size(); ++l) {
+    LayerSpec& layer = spec.layers[l];
+    bool reaches = layer.param_count(true) > 0;
+    layer.input_gradients.clear();
+    for (int t : layer.inputs) {
+      layer.input_gradients.push_back(gradient[size_t(t)]);
+      reaches = reaches || gradient[size_t(t)];
+    }
+    layer.output_gradient = reaches;
+    gradient[l + 1] = reaches;
+  }
   for (int t = 1; t < int(spec.layers.size()); ++t)
     if (spec.readers[t].empty())
       throw ConfigError(fmt::format("{}: is read by no later layer, so it does not lead to the model's output",
@@ -289,6 +365,8 @@ ModelSpec build_model_spec(const Config& config) {
       break;
   }
   check_metrics(config, spatial_out, out.c);
+  check_loss_weights(config, out.c);
+  check_freeze(config, spec);
   return spec;
 }
 

@@ -98,6 +98,11 @@ struct LayerSpec {
   // Channels of a tensor of the output's size made and freed inside the layer's forward
   // and again in its backward (separable conv: the depthwise result); 0: none.
   int inner_channels = 0;
+  // Whether training's backward reaches it: a weight that trains (WeightSpec::trainable) is
+  // at or before it. Where none is (a frozen stem, SPEC section 14) the backward stops; per
+  // input, whether its gradient is made (never for the image). build_model_spec sets both.
+  bool output_gradient = true;
+  std::vector<char> input_gradients;
   const LayerKind& kind() const { return *config.kind; }
   // The kind reads a window of its input (conv, pools): it needs halos from neighbours.
   bool windowed() const;
@@ -138,5 +143,14 @@ LayerSpec shape_layer(const LayerConfig& config, const std::vector<Shape3>& ins,
 // config line) when shapes do not work: a window larger than its input, a dense layer
 // on a spatial input, a loss that does not match the output.
 ModelSpec build_model_spec(const Config& config);
+
+// SPEC section 14. Whether layer `l` is one of training.freeze's (a name or glob pattern).
+bool in_freeze(const Config& config, const ModelSpec& model, int l);
+// Per layer, whether its weights stay as they are at optimizer step `step` (0-based):
+// `trainable: false`, and training.freeze's before unfreeze_at (always when it is 0).
+std::vector<char> frozen_layers(const Config& config, const ModelSpec& model, int64_t step);
+// The step at which layer `l`'s weights start to train: unfreeze_at for training.freeze's
+// layers, else 0. Adam counts each weight's steps from there, as torch does.
+int64_t training_starts(const Config& config, const ModelSpec& model, int l);
 
 }  // namespace ht

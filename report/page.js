@@ -49,6 +49,7 @@
       const last = loss[loss.length - 1];
       parts.unshift(steps.length ? `step ${steps[steps.length - 1]} of ${run.total_steps}, loss ${last === null ? "not finite" : Number(last).toFixed(4)}`
                                  : `no step logged yet (of ${run.total_steps})`);
+      parts.push(...(run.notes || []));
     }
     document.getElementById("summary").textContent = parts.join(" \u00b7 ") + ` \u00b7 written ${doc.generated}`;
   }

@@ -198,6 +198,7 @@ json run_part(const RunRecord& run) {
   return {{"run_dir", run.run_dir},
           {"rows", run.metrics.rows.size()},
           {"total_steps", run.total_steps},
+          {"notes", run.notes},
           {"columns", columns},
           {"memory", memory}};
 }

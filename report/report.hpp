@@ -61,6 +61,7 @@ struct RunRecord {
   MetricsTable metrics;
   std::vector<RankMemory> memory;  // empty until the run has ended once
   int64_t total_steps = 0;
+  std::vector<std::string> notes;  // what the validation monitors decided: best.h5, an early stop
 };
 
 // run_dir/run.json, written by rank 0 when training starts: what the report needs to plan

@@ -13,7 +13,10 @@ foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activatio
              # SPEC section 11 (tests/oracle/cases_section11.py)
              mbconv_se_adam convnext_adam aspp_softmax_sgd grouped_bottleneck_sgd dense_shuffle_adam
              vgg_flatten_sgd nnunet_norms_adam large_mean_norms_sgd nonsquare_windows_adam
-             resize_any_ratio_adam small_tail_sgd)
+             resize_any_ratio_adam small_tail_sgd
+             # SPEC section 14 (tests/oracle/cases_section14.py)
+             frozen_backbone_adam freeze_unfreeze_sgd class_weights_adam class_map_weights_sgd
+             mask_pos_weight_sgd)
   add_test(NAME oracle_${case}
            COMMAND ${HT_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracle/oracle.py ${case}
                    --halotrain $<TARGET_FILE:halotrain> --workdir ${CMAKE_BINARY_DIR}/oracle
@@ -99,6 +102,10 @@ ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${
 # measured peak memory per rank within 10% of the memory model, a tight budget honoured.
 ht_script_test(memory_policies "memory" 600 memory/policies_test.py
                ${CMAKE_BINARY_DIR}/memory-policies)
+
+# SPEC section 14 end to end (tests/finetune/finetune_test.py): early stopping, the plateau
+# schedule and best.h5 against Keras rules, resumed mid-patience bit for bit; frozen layers.
+ht_script_test(finetune "checkpoint" 600 finetune/finetune_test.py ${CMAKE_BINARY_DIR}/finetune)
 
 # Hostile input, signals and kills (tests/cli/robustness_test.py): exit codes of SPEC
 # section 2, one clear message, no checkpoint lost. Every run inside has its own timeout.

@@ -67,6 +67,7 @@ std::string model_hash(const ModelSpec& model) {
       for (int t : l.inputs) names.push_back(t == 0 ? kInputName : model.layers[t - 1].config.name);
       text += fmt::format(" in={}", fmt::join(names, ","));
     }
+    if (!c.trainable) text += " frozen";  // its weights are buffers, not trained ones
     text += ";";
   }
   return fnv1a(text);
@@ -111,9 +112,11 @@ void refuse_non_finite(const std::string& what, const float* data, const std::ve
 }  // namespace
 
 std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
-                            OptimizerState& optimizer, ComputeBackend& backend, const TrainingProgress& progress) {
+                            OptimizerState& optimizer, ComputeBackend& backend, const TrainingProgress& progress,
+                            const std::string& file_name) {
   const fs::path dir = fs::path(config.run_dir) / "checkpoints";
-  const std::string path = (dir / fmt::format("ckpt-{}.h5", progress.step)).string();
+  const std::string path =
+      (dir / (file_name.empty() ? fmt::format("ckpt-{}.h5", progress.step) : file_name)).string();
 
   // Host copies in Keras layout; they live until the file is written.
   std::vector<std::vector<float>> host;
@@ -133,6 +136,7 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
   state.cursor = progress.cursor;
   state.config_text = config.text;
   state.model_hash = model_hash(model);
+  state.monitors = progress.monitors;
   const int64_t n = int64_t(params.trainable_count());
   const bool adam = config.training.optimizer.type == OptimizerType::Adam;
   auto add_slot = [&](const std::string& name, Tensor& t) {
@@ -346,6 +350,7 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
   p.step = state.step;
   p.epoch = state.epoch;
   p.cursor = state.cursor;
+  p.monitors = state.monitors;
   return p;
 }
 

@@ -27,14 +27,15 @@ struct TrainingProgress {
   int64_t step = 0;    // optimizer steps done
   int64_t epoch = 0;   // epoch of the next sample
   int64_t cursor = 0;  // stream position of the next sample (step * batch_size)
+  std::string monitors;  // the validation monitors' state (worker/monitors.hpp)
 };
 
-// Writes run_dir/checkpoints/ckpt-<step>.h5 atomically and returns its path; pruning is
-// CheckpointDir's. Throws TrainingDiverged naming the first weight or optimizer slot that
-// is not finite, before anything is written.
+// Writes run_dir/checkpoints/ckpt-<step>.h5 (or `file_name` there: best.h5) atomically and
+// returns its path; pruning is CheckpointDir's. Throws TrainingDiverged naming the first
+// weight or optimizer slot that is not finite, before anything is written.
 std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamStore& params,
                             OptimizerState& optimizer, ComputeBackend& backend,
-                            const TrainingProgress& progress);
+                            const TrainingProgress& progress, const std::string& file_name = "");
 
 // "" when `path` is a complete halotrain checkpoint whose checksum verifies, else why not.
 std::string checkpoint_problem(const std::string& path);

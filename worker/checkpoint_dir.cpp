@@ -54,7 +54,7 @@ std::string host_name() {
 constexpr int kLockTries = 50;  // 5 s in steps of 100 ms
 
 bool is_temporary(const std::string& name) {
-  return name.rfind("ckpt-", 0) == 0 && name.find(".h5.tmp-") != std::string::npos;
+  return (name.rfind("ckpt-", 0) == 0 || name.rfind("best.h5", 0) == 0) && name.find(".h5.tmp-") != std::string::npos;
 }
 
 }  // namespace
@@ -138,9 +138,13 @@ void CheckpointDir::check_start(int64_t start_step, const std::string& resumed_f
   const auto found = list_checkpoints(dir_);
   std::vector<std::string> names;
   for (const auto& [step, file] : found) names.push_back(fs::path(file).filename().string());
-  if (resumed_from.empty() && start_step == 0 && !found.empty()) {
+  // A best checkpoint is another run's too: a fresh run would replace it.
+  const std::string best = (fs::path(dir_) / "best.h5").string();
+  const bool best_valid = fs::exists(best) && checkpoint_problem(best).empty();
+  if (best_valid) names.push_back("best.h5");
+  if (resumed_from.empty() && start_step == 0 && (!found.empty() || best_valid)) {
     // checkpoint.resume: never, or auto over files none of which verifies.
-    bool any_valid = false;
+    bool any_valid = best_valid;
     for (const auto& [step, file] : found) any_valid = any_valid || valid(step, file);
     if (any_valid)
       throw ConfigError(fmt::format(

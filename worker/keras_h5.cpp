@@ -105,6 +105,11 @@ struct Hasher {
     sha.update(s.rng_state.data(), s.rng_state.size());
     u64(s.config_text.size());
     sha.update(s.config_text.data(), s.config_text.size());
+    if (!s.monitors.empty()) {
+      str0("monitors");
+      u64(s.monitors.size());
+      sha.update(s.monitors.data(), s.monitors.size());
+    }
   }
   std::string result() { return "sha256:" + sha.hex(); }
 };
@@ -209,6 +214,7 @@ void write_checkpoint(const std::string& path, const std::vector<KerasLayerWeigh
       h5::write_attr_int64(ht, "format_version", state.format_version);
       h5::write_attr_string(ht, "model_hash", state.model_hash);
       h5::write_string_dataset(ht, "config_text", state.config_text);
+      if (!state.monitors.empty()) h5::write_string_dataset(ht, "monitors", state.monitors);
       h5::write_dataset(ht, "rng_state", {int64_t(state.rng_state.size())},
                         reinterpret_cast<const uint8_t*>(state.rng_state.data()));
       hash.state(state);
@@ -419,6 +425,7 @@ HalotrainState KerasWeightsFile::read_state() const {
                          s.format_version, kCheckpointFormatVersion));
     s.model_hash = h5::read_attr_string(ht, "model_hash");
     s.config_text = h5::read_string_dataset(ht, "config_text");
+    if (h5::is_dataset(ht, "monitors")) s.monitors = h5::read_string_dataset(ht, "monitors");
     h5::Hid rng = h5::open_dataset(ht, "rng_state");
     s.rng_state.resize(size_t(h5::element_count(h5::dataset_shape(rng))));
     h5::read_dataset(rng, reinterpret_cast<uint8_t*>(s.rng_state.data()), int64_t(s.rng_state.size()));
@@ -530,6 +537,7 @@ int inspect_file(const std::string& path, std::ostream& out) {
   out << fmt::format("  model_hash: {}\n  config: {} bytes\n  rng_state: {} bytes\n", s.model_hash,
                      s.config_text.size(), s.rng_state.size());
   out << fmt::format("  slots: {} ({} values)\n", s.slots.size(), slot_values);
+  if (!s.monitors.empty()) out << fmt::format("  monitors: {}\n", s.monitors);
   bool ok = f.verify_checksum();
   out << fmt::format("  checksum: {} ({})\n", ok ? "OK" : "FAILED", f.stored_checksum());
   return ok ? 0 : 1;

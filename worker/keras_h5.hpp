@@ -38,6 +38,8 @@ struct HalotrainState {
   std::string model_hash;
   int format_version = kCheckpointFormatVersion;
   std::vector<HalotrainSlot> slots;
+  // The validation monitors' state as JSON (worker/monitors.hpp); "" when the run has none.
+  std::string monitors;
 };
 
 // Writes a checkpoint: root attributes layer_names / backend="tensorflow" /
@@ -52,7 +54,8 @@ struct HalotrainState {
 // `<path>\0` + rank (u64 LE) + dims (i64 LE) + float32 LE data, where <path> is
 // "<layer>/<stored weight name>" or "slots/<name>"; then "halotrain\0" + step, epoch,
 // cursor, format_version (i64 LE) + model_hash + "\0" + len (u64 LE) + rng_state +
-// len (u64 LE) + config_text.
+// len (u64 LE) + config_text; then, when the dataset `monitors` (string) is present,
+// "monitors\0" + len (u64 LE) + its text.
 //
 // Crash-safe: written to `path.tmp-<pid>`, fsynced, renamed onto `path`, directory
 // fsynced. On any error the temp file is removed and std::runtime_error names `path`

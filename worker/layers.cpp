@@ -28,7 +28,7 @@ float* Layer::weight(const std::string& name) {
 
 float* Layer::weight_grad(const std::string& name) {
   const ParamRef* r = ctx_.params.find(index_, name);
-  return r ? ctx_.params.grad(*r) : nullptr;
+  return r && r->trainable && !frozen() ? ctx_.params.grad(*r) : nullptr;
 }
 
 namespace {
@@ -141,7 +141,7 @@ class BatchNormLayer : public Layer {
 
  protected:
   Tensor forward_impl(const Tensor& x, ForwardMode mode) override {
-    if (mode == ForwardMode::Eval) return forward_inference(x);
+    if (mode == ForwardMode::Eval || frozen()) return forward_inference(x);
     const int c = x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
     const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
@@ -169,13 +169,15 @@ class BatchNormLayer : public Layer {
     ctx_.backend.to_host(mm.data(), ctx_.params.value(*ctx_.params.find(index_, "moving_mean:0")), c * sizeof(float));
     ctx_.backend.to_host(mv.data(), ctx_.params.value(*ctx_.params.find(index_, "moving_variance:0")),
                          c * sizeof(float));
-    std::vector<double> mean(c), invstd(c);
+    // Kept for the backward of a frozen batch norm, which normalises this way in training.
+    mean_.assign(c, 0.0);
+    invstd_.assign(c, 0.0);
     for (int i = 0; i < c; ++i) {
-      mean[i] = mm[i];
-      invstd[i] = 1.0 / std::sqrt(double(mv[i]) + spec().config.number("epsilon"));
+      mean_[i] = mm[i];
+      invstd_[i] = 1.0 / std::sqrt(double(mv[i]) + spec().config.number("epsilon"));
     }
     Tensor y = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "output of " + label());
-    ctx_.backend.bn_forward_apply(x.n(), c, int64_t(x.h()) * x.w(), x.data(), mean.data(), invstd.data(),
+    ctx_.backend.bn_forward_apply(x.n(), c, int64_t(x.h()) * x.w(), x.data(), mean_.data(), invstd_.data(),
                                   weight("gamma:0"), weight("beta:0"), y.data());
     return y;
   }
@@ -199,6 +201,15 @@ class BatchNormLayer : public Layer {
     const int c = x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
     std::vector<double> sums(2 * size_t(c), 0.0);
+    if (frozen()) {
+      // The statistics are constants: dx = gamma * invstd * dy (the sums stay zero).
+      Tensor dx;
+      if (!need_dx) return dx;
+      dx = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "input gradient of " + label());
+      ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
+                                     weight("gamma:0"), sums.data(), sums.data() + c, 1.0, dx.data());
+      return dx;
+    }
     ctx_.backend.bn_backward_sums(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
                                   sums.data(), sums.data() + c);
     // This shard's share of dgamma/dbeta; the step's gradient all-reduce sums the shards.

@@ -44,6 +44,9 @@ struct LayerContext {
   int global_batch;  // images per (micro-)batch, all groups: batch-norm statistics
   const LayerPolicies& policies;  // activation policy per layer, the same on every rank
   const StepPosition* position = nullptr;  // training; null in inference
+  // Training: per layer, whether its weights stay as they are this step (SPEC section 14;
+  // orchestrator/model_spec.hpp frozen_layers). Null: only `trainable: false` freezes.
+  const std::vector<char>* frozen = nullptr;
   bool group_leader() const { return plan.shard_of(rank) == 0; }
 };
 
@@ -92,7 +95,12 @@ class Layer {
   }
   Tensor make_output(int n, int c, const Rect& rect, const std::string& what);
   float* weight(const std::string& name);
-  float* weight_grad(const std::string& name);
+  float* weight_grad(const std::string& name);  // null when the weight does not train (now)
+  // Its weights stay as they are (SPEC section 14): no weight gradient; a batch norm
+  // normalises with its moving statistics.
+  bool frozen() const {
+    return !spec().config.trainable || (ctx_.frozen && !ctx_.frozen->empty() && (*ctx_.frozen)[size_t(index_)]);
+  }
   std::string label() const;  // "conv2d_1 (rank 0)" for allocation messages
   ActivationPolicy policy() const { return ctx_.policies[index_]; }
   // Placement (orchestrator/shard_plan.hpp): whether the output is the same on every shard

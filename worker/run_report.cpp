@@ -15,7 +15,10 @@
 #include "worker/data_reader.hpp"
 #include "worker/evaluation.hpp"
 #include "worker/h5.hpp"
+#include "worker/checkpoint_dir.hpp"
+#include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
+#include "worker/monitors.hpp"
 
 namespace ht {
 
@@ -179,6 +182,18 @@ std::string write_run_report(const std::string& run_dir, const Config& config, c
   run.metrics = parse_metrics_csv(read_text_file(metrics), metrics);
   const std::string memory = run_dir + "/memory.csv";
   if (optional_file(memory)) run.memory = parse_memory_csv(read_text_file(memory), memory);
+  // What the validation monitors decided, from the checkpoints' state (a file being replaced
+  // or damaged only leaves its line out).
+  auto monitors_of = [](const std::string& file) -> std::string {
+    try {
+      return optional_file(file) ? KerasWeightsFile(file).read_state().monitors : "";
+    } catch (const std::exception&) {
+      return "";
+    }
+  };
+  const auto newest = list_checkpoints(run_dir + "/checkpoints");
+  run.notes = monitor_notes(monitors_of(run_dir + "/checkpoints/best.h5"),
+                            newest.empty() ? "" : monitors_of(newest.front().second));
   const std::string path = run_dir + "/report.html";
   publish_page(path, render_report_html(config, plan, &run, image));
   return path;

@@ -58,7 +58,13 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
       world_(&world),
       backend_options_(backend_options),
       make_device_world_(std::move(device_world)),
-      policies_(plan.policies) {
+      policies_(plan.policies),
+      monitors_(config),
+      frozen_(frozen_layers(config, plan.shards.model, 0)) {
+  const std::vector<double>& weights = config.training.class_weights;
+  loss_weights_.classes = int(weights.size());  // at most LossWeights::kMaxClasses (config.cpp)
+  std::copy(weights.begin(), weights.end(), loss_weights_.class_weight);
+  loss_weights_.pos_weight = float(config.training.pos_weight);
   build_device_state(nullptr);
   params_->initialize(config.seed);
   if (!config.training.init_weights.empty()) load_init_weights(config, plan_.model, *params_);
@@ -67,6 +73,7 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
     const TrainingProgress p =
         load_checkpoint(resume, config, plan_.model, *params_, optimizer_, *backend_, rank == 0);
     start_step_ = p.step;
+    monitors_.load(p.monitors, resume);
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
   data_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_);
@@ -118,7 +125,7 @@ void Trainer::build_device_state(const HostSnapshot* restore) {
     backend_->fill_zero(grad_sum_.data(), n);
   }
   LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, micro / plan_.groups, micro, policies_,
-                   &position_};
+                   &position_, &frozen_};
   layers_.clear();
   for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
   backend_->reserve_conv_scratch(shard_convs(plan_, rank_, ctx.local_batch, ConvUse::Training));
@@ -184,11 +191,12 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   switch (m.loss) {
     case LossType::SoftmaxCrossEntropy:
       local = spatial ? backend_->softmax_xent_pixels(y.n(), y.c(), int64_t(y.h()) * y.w(), y.data(),
-                                                      batch.targets.data(), scale, dy.data())
-                      : backend_->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data());
+                                                      batch.targets.data(), scale, dy.data(), loss_weights_)
+                      : backend_->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data(),
+                                               loss_weights_);
       break;
     case LossType::SigmoidBCE:
-      local = backend_->sigmoid_bce(y.size(), y.data(), batch.targets.data(), scale, dy.data());
+      local = backend_->sigmoid_bce(y.size(), y.data(), batch.targets.data(), scale, dy.data(), loss_weights_);
       break;
     case LossType::MSE:
       local = backend_->mse(y.size(), y.data(), batch.targets.data(), scale, dy.data());
@@ -261,6 +269,7 @@ double Trainer::train_step(int64_t step) {
   double loss = 0;
   const size_t n = params_->trainable_count();
   float* grads = params_->grads().data();
+  frozen_ = frozen_layers(config_, plan_.model, step);
   for (int micro = 0; micro < k; ++micro) {
     loss += train_micro_batch(step, micro);
     // Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_,
@@ -311,13 +320,19 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
   }
   for (int l = L - 1; l >= 0; --l) {
     const std::vector<int>& inputs = m.layers[l].inputs;
+    if (!m.layers[l].output_gradient) {
+      // Nothing before it trains (a frozen stem): no backward, and its inputs stay where they are.
+      layers_[l]->release_saved();
+      acts.device[l + 1].release();
+      continue;
+    }
     for (int t : inputs) restore(acts, t);
     // The next backward's inputs come back beside this one.
-    if (l > 0)
+    if (l > 0 && m.layers[l - 1].output_gradient)
       for (int t : m.layers[l - 1].inputs)
         if (!acts.host[t].empty() && acts.device[t].empty()) prefetch(acts, t);
     std::vector<bool> need_dx;
-    for (int t : inputs) need_dx.push_back(t > 0);
+    for (size_t k = 0; k < inputs.size(); ++k) need_dx.push_back(makes_input_gradient(m.layers[l], k));
     std::vector<Tensor> dx = layers_[l]->backward(inputs_of(m, l, acts.device), acts.device[l + 1], grads[l + 1],
                                                   need_dx);
     layers_[l]->release_saved();
@@ -339,26 +354,45 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
 }
 
 double Trainer::learning_rate(int64_t step) const {
-  return scheduled_lr(config_.training.lr_schedule, config_.training.optimizer.lr, step,
-                      total_steps(config_, data_->samples()));
+  return monitors_.plateau_lr(scheduled_lr(config_.training.lr_schedule, config_.training.optimizer.lr, step,
+                                           total_steps(config_, data_->samples())));
 }
 
 // PyTorch's semantics: weight decay as torch.optim.AdamW (the weights shrink by lr*wd
-// before the Adam update) or torch.optim.SGD (wd*w added to the gradient).
+// before the Adam update) or torch.optim.SGD (wd*w added to the gradient). A frozen layer's
+// weights are left alone (no update, no decay, no state); Adam's step count of a weight
+// starts where it starts to train (training_starts), as torch's per-parameter state does.
+// Weights alike in both are updated by one call per run of them in the arena (all of them
+// in one call when nothing is frozen).
 void Trainer::optimizer_step(int64_t step) {
   const OptimizerConfig& o = config_.training.optimizer;
-  const size_t n = params_->trainable_count();
   const double lr = learning_rate(step), decay = config_.training.weight_decay;
-  float* w = params_->values().data();
-  float* g = params_->grads().data();
-  if (o.type == OptimizerType::Adam) {
-    if (decay > 0) backend_->scale(w, float(1.0 - lr * decay), n);
-    backend_->adam_step(n, w, g, optimizer_.m.data(), optimizer_.v.data(), lr, o.beta1, o.beta2, o.epsilon,
-                        step + 1);
-  } else {
-    if (decay > 0) backend_->add_scaled(g, w, float(decay), n);
-    backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data(), float(lr),
-                       float(o.momentum));
+  struct Run {
+    size_t offset, count;
+    int64_t start;
+  };
+  std::vector<Run> runs;
+  for (const ParamRef& r : params_->refs()) {
+    if (!r.trainable || frozen_[size_t(r.layer)]) continue;
+    const int64_t start = training_starts(config_, plan_.model, r.layer);
+    if (!runs.empty() && runs.back().offset + runs.back().count == r.offset && runs.back().start == start)
+      runs.back().count += r.count;
+    else
+      runs.push_back({r.offset, r.count, start});
+  }
+  for (const Run& run : runs) {
+    const size_t n = run.count;
+    float* w = params_->values().data() + run.offset;
+    float* g = params_->grads().data() + run.offset;
+    if (o.type == OptimizerType::Adam) {
+      if (decay > 0) backend_->scale(w, float(1.0 - lr * decay), n);
+      backend_->adam_step(n, w, g, optimizer_.m.data() + run.offset, optimizer_.v.data() + run.offset, lr, o.beta1,
+                          o.beta2, o.epsilon, step + 1 - run.start);
+    } else {
+      if (decay > 0) backend_->add_scaled(g, w, float(decay), n);
+      backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data() + run.offset, float(lr),
+                         float(o.momentum));
+    }
   }
 }
 
@@ -468,13 +502,36 @@ void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, b
   }
 }
 
+TrainingProgress Trainer::progress(int64_t steps_done) const {
+  return {steps_done, data_->epoch_of_step(steps_done), steps_done * config_.training.batch_size,
+          monitors_.save()};
+}
+
+bool Trainer::after_validation(const MetricValues& val, int64_t steps_done) {
+  const Monitors::Verdict v = monitors_.observe(val, steps_done);
+  if (v.best) {
+    note_progress();
+    if (rank_ == 0) {
+      const std::string path =
+          save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress(steps_done), "best.h5");
+      log().info("{} {:.6g} is the best so far: wrote {}", config_.checkpoint.best->name, monitors_.best_value(),
+                 path);
+    }
+    world_->barrier();  // a failed write aborts every rank here
+    note_progress();
+  }
+  if (v.lowered && rank_ == 0)
+    log().info("{} has not improved for {} validations: learning rate lowered to {:.6g}",
+               config_.training.lr_schedule.monitor.name, config_.training.lr_schedule.patience,
+               monitors_.plateau_lr(config_.training.optimizer.lr));
+  return v.stop;
+}
+
 std::string Trainer::checkpoint(int64_t steps_done) {
-  const TrainingProgress progress{steps_done, data_->epoch_of_step(steps_done),
-                                  steps_done * config_.training.batch_size};
   std::string path;
   note_progress();
   if (rank_ == 0) {
-    path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress);
+    path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress(steps_done));
     note_progress();
     checkpoints_->prune_after(steps_done);
     refresh_report();
@@ -530,6 +587,15 @@ TrainSummary Trainer::run() {
     // The image is read now, while every rank is starting anyway, not at the first checkpoint.
     refresh_report();
   }
+  if (monitors_.stopped_at() > 0) {
+    // A resubmitted run that early stopping ended: it is done.
+    summary.steps = start_step_;
+    summary.stopped_early = monitors_.stop_reason();
+    if (rank_ == 0)
+      log().info("nothing to train: the run stopped early at step {} ({}); raise its patience to go on",
+                 monitors_.stopped_at(), summary.stopped_early);
+    return summary;
+  }
   if (start_step_ >= total && rank_ == 0)
     log().info("nothing to train: the checkpoint is at step {} of {} (raise training.steps to go on)",
                start_step_, total);
@@ -555,14 +621,20 @@ TrainSummary Trainer::run() {
     if (logged) peak = max_peak_over_ranks();
     if (rank_ == 0 && (logged || r.tty))
       report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged, val);
-    const bool recycle_now = recycle_every > 0 && done % recycle_every == 0 && !last;
+    const bool stop_early = !val.empty() && after_validation(val, done);
+    if (stop_early) {
+      summary.stopped_early = monitors_.stop_reason();
+      if (rank_ == 0) log().info("stopping after step {} of {}: {}", done, total, summary.stopped_early);
+    }
+    const bool recycle_now = recycle_every > 0 && done % recycle_every == 0 && !last && !stop_early;
     const bool restart_now = recycle_now && config_.recycle.mode == RecycleMode::Restart;
     bool written = false;
-    if ((every > 0 && done % every == 0) || last || restart_now) {
+    if ((every > 0 && done % every == 0) || last || restart_now || stop_early) {
       summary.checkpoint = checkpoint(done);
       written = true;
     }
     summary.steps = done;
+    if (stop_early) break;
     stop_if_requested(done, written, summary);
     if (restart_now)
       throw StopRequested(fmt::format("recycle.mode restart: stopped after step {} to be relaunched; checkpoint {}",

@@ -19,6 +19,7 @@
 #include "worker/evaluation.hpp"
 #include "worker/launcher.hpp"
 #include "worker/layers.hpp"
+#include "worker/monitors.hpp"
 
 namespace ht {
 
@@ -35,6 +36,7 @@ struct TrainSummary {
   std::string checkpoint;  // the last one written
   uint64_t peak_device_bytes = 0;
   MetricValues validation;  // the last validation's loss and metrics; empty without one
+  std::string stopped_early;  // why training.early_stopping ended the run; "" when it did not
 };
 
 class Trainer {
@@ -54,6 +56,9 @@ class Trainer {
   HostSnapshot take_snapshot();
   void recycle_in_process();
   std::string checkpoint(int64_t steps_done);
+  TrainingProgress progress(int64_t steps_done) const;
+  // After a validation: the monitors decide; best.h5 is written here. True: stop now.
+  bool after_validation(const MetricValues& val, int64_t steps_done);
   void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
   double train_step(int64_t step);
   double train_micro_batch(int64_t step, int micro);  // forward and backward; returns its share of the loss
@@ -93,6 +98,9 @@ class Trainer {
   std::unique_ptr<Comm> group_;
   std::unique_ptr<ParamStore> params_;
   OptimizerState optimizer_;
+  LossWeights loss_weights_;  // training.class_weights and pos_weight
+  Monitors monitors_;         // checkpoint.best, training.early_stopping, the plateau schedule
+  std::vector<char> frozen_;  // per layer, this step (SPEC section 14); the layers read it
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
   Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far

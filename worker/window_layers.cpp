@@ -136,7 +136,7 @@ class Conv2DLayer : public WindowedLayer {
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);
     ConvKernel& k = kernel(geom(in));
-    k.backward_weights(in.data(), dy.data(), weight_grad(kernel_name_), weight_grad("bias:0"));
+    if (float* dw = weight_grad(kernel_name_)) k.backward_weights(in.data(), dy.data(), dw, weight_grad("bias:0"));
     ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
     if (need_dx) {
@@ -191,12 +191,13 @@ class SeparableConvLayer : public Conv2DLayer {
     const Tensor& in = regather(x);
     Tensor inner = depthwise_part(in);
     ConvKernel& p = pointwise(pointwise_geom(inner));
-    p.backward_weights(inner.data(), dy.data(), weight_grad("pointwise_kernel:0"), weight_grad("bias:0"));
+    if (float* dw = weight_grad("pointwise_kernel:0"))
+      p.backward_weights(inner.data(), dy.data(), dw, weight_grad("bias:0"));
     Tensor dinner = make_output(x.n(), inner.c(), out_rect_, "depthwise output gradient");
     p.backward_data(dy.data(), weight("pointwise_kernel:0"), dinner.data());
     inner.release();
     ConvKernel& d = kernel(geom(in));
-    d.backward_weights(in.data(), dinner.data(), weight_grad("depthwise_kernel:0"), nullptr);
+    if (float* dw = weight_grad("depthwise_kernel:0")) d.backward_weights(in.data(), dinner.data(), dw, nullptr);
     ext_.release();
     Tensor dx;
     if (need_dx) {
@@ -245,7 +246,7 @@ class TransposeConvLayer : public Conv2DLayer {
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);
     ConvKernel& k = kernel(transposed_geom(x.n()));
-    k.backward_weights(dy.data(), in.data(), weight_grad("kernel:0"), nullptr);
+    if (float* dw = weight_grad("kernel:0")) k.backward_weights(dy.data(), in.data(), dw, nullptr);
     if (float* db = weight_grad("bias:0")) {
       std::vector<double> sums(size_t(dy.c()));
       ctx_.backend.channel_sum(dy.n(), dy.c(), int64_t(dy.h()) * dy.w(), dy.data(), sums.data());

@@ -37,8 +37,8 @@ void dense_backward(int n, int in, int out, const T* x, const T* W, const T* dy,
         dx[size_t(i) * in + k] = T(s);
       }
   }
-#pragma omp parallel for schedule(static) if (par)
-  for (int k = 0; k < in; ++k) {
+#pragma omp parallel for schedule(static) if (par && dW)
+  for (int k = 0; k < (dW ? in : 0); ++k) {
     std::vector<double> acc(out, 0.0);
     for (int i = 0; i < n; ++i) {
       const double xv = x[size_t(i) * in + k];

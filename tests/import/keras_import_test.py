@@ -274,6 +274,19 @@ def main():
     r = run("plan", cfg)
     check("json: plan accepts it", r.returncode == 0, r.stderr[-1000:])
 
+    # A layer the Keras model froze stays frozen (SPEC section 14).
+    frozen = copy.deepcopy(FUNCTIONAL)
+    frozen["config"]["layers"][1]["config"]["trainable"] = False
+    path = os.path.join(WORK, "frozen.json")
+    with open(path, "w") as f:
+        json.dump(frozen, f)
+    r = run("import", path)
+    text = open(os.path.join(WORK, "frozen.yaml")).read() if r.returncode == 0 else ""
+    line = [t for t in text.splitlines() if 'name: "e1"' in t]
+    others = [t for t in text.splitlines() if "trainable" in t and 'name: "e1"' not in t]
+    check("json: Keras's trainable false is kept on that layer alone",
+          r.returncode == 0 and len(line) == 1 and "trainable: false" in line[0] and not others, text[-1500:])
+
     # Every unsupported class of thing: exit 1 naming layer, class and attribute.
     supported = "halotrain imports Activation, Add"
     def variant(edit):

@@ -19,6 +19,7 @@ GPU 0 (halos through the host), keep, offload and recompute, and no MPI.
 usage: oracle.py CASE --halotrain BIN --workdir DIR [--mpirun MPIRUN] [--backend cpu|cuda]
 """
 import argparse
+import fnmatch
 import math
 import os
 import shutil
@@ -242,8 +243,10 @@ CASES = {
 }
 
 from cases_section11 import CASES as SECTION11  # noqa: E402
+from cases_section14 import CASES as SECTION14  # noqa: E402
 
 CASES.update(SECTION11)
+CASES.update(SECTION14)
 
 COUNT, BATCH = 6, 4
 
@@ -280,17 +283,39 @@ def samples_of_step(step, n):
 
 
 def loss_of(case, out, labels, masks):
-    if case["loss"] == "softmax_cross_entropy" and case.get("masks"):
-        return F.cross_entropy(out, masks[:, 0].long())  # per pixel, the mean over every pixel
+    """The training loss as SPEC sections 5 and 14 define it: Keras's class_weight (each
+    image's or pixel's loss times its class's weight, then the plain mean) and torch's
+    BCEWithLogitsLoss(pos_weight)."""
+    cw = case.get("training", {}).get("class_weights")
+    cw = torch.tensor(cw, dtype=out.dtype) if cw else None
     if case["loss"] == "softmax_cross_entropy":
-        return F.cross_entropy(out, labels)
+        target = masks[:, 0].long() if case.get("masks") else labels  # class maps: per pixel
+        each = F.cross_entropy(out, target, reduction="none")
+        return (each * cw[target]).mean() if cw is not None else each.mean()
     if case["loss"] == "sigmoid_bce":
-        return F.binary_cross_entropy_with_logits(out, masks)
+        pos = case.get("training", {}).get("pos_weight")
+        return F.binary_cross_entropy_with_logits(
+            out, masks, weight=None if cw is None else (1 - masks) * cw[0] + masks * cw[1],
+            pos_weight=None if pos is None else torch.tensor([pos], dtype=out.dtype))
     target = masks if case.get("masks") else F.one_hot(labels, out.shape[1]).to(out.dtype)
     return F.mse_loss(out, target)
 
 
+def frozen_at(case, names, step):
+    """SPEC section 14: the layers whose weights stay at `step`: `trainable: false`, and
+    training.freeze's (glob patterns) before unfreeze_at (always when it is 0)."""
+    t = case.get("training", {})
+    release = t.get("unfreeze_at", 0)
+    frozen = {n for n, l in zip(names, case["layers"]) if l.get("trainable", True) is False}
+    if release == 0 or step < release:
+        frozen |= {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in t.get("freeze", []))}
+    return frozen
+
+
 def reference(case, images, labels, masks, weights):
+    """torch's own loop; a frozen layer's tensors have requires_grad False and no .grad, so the
+    optimizer skips them and keeps no state for them until they train (Adam's step count of a
+    tensor starts there), and its batch norm runs in eval mode."""
     model = Torch(case, weights)
     o = case["optimizer"]
     if o["type"] == "adam":
@@ -304,7 +329,11 @@ def reference(case, images, labels, masks, weights):
         x = x_all[idx]
         y = torch.tensor(labels[idx], dtype=torch.int64) if labels is not None else None
         m = torch.tensor(masks[idx], dtype=torch.float64).permute(0, 3, 1, 2) if masks is not None else None
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
+        model.frozen = frozen_at(case, model.names, step)
+        for (n, w), t in model.p.items():
+            if w not in ("moving_mean:0", "moving_variance:0"):
+                t.requires_grad_(n not in model.frozen)
         model.step = step
         loss = loss_of(case, model.forward(x), y, m)
         loss.backward()
@@ -321,7 +350,7 @@ def write_config(path, case, workdir, tag, backend="cpu"):
                   shuffle=True),
         model=dict(input=case["input"], layers=case["layers"], loss=case["loss"]),
         training=dict(batch_size=BATCH, steps=STEPS, optimizer=case["optimizer"],
-                      init_weights=os.path.join(workdir, "init.h5")),
+                      init_weights=os.path.join(workdir, "init.h5"), **case.get("training", {})),
         # On CUDA every shard thread uses GPU 0 (one device per node).
         parallel=dict(backend=backend, grid=[1, 1], device_memory="4GiB",
                       devices_per_node=1 if backend == "cuda" else 2),

@@ -192,6 +192,7 @@ class Torch:
         self.rng = rng
         self.keras_weights = {} if weights is None else weights
         self.p, self.weights_shape = {}, {}
+        self.frozen = set()  # layers whose weights stay (SPEC section 14): batch norm in eval mode
         if weights is not None:
             for n, l in zip(self.names, case["layers"]):
                 for w, v in weights[n]:
@@ -269,7 +270,7 @@ class Torch:
 
     def batch_norm(self, n, l, ins, training):
         return F.batch_norm(ins[0], self.get(n, "moving_mean:0").data, self.get(n, "moving_variance:0").data,
-                            self.get(n, "gamma:0"), self.get(n, "beta:0"), training=training,
+                            self.get(n, "gamma:0"), self.get(n, "beta:0"), training=training and n not in self.frozen,
                             momentum=1 - l.get("momentum", 0.99), eps=l.get("epsilon", 1e-3))
 
     def layer_norm(self, n, l, ins, training):

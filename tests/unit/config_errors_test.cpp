@@ -29,7 +29,7 @@ TEST(ConfigErrors, UnknownKeySuggestsNearest) {
 TEST(ConfigErrors, FarOffKeyListsValidKeys) {
   const std::string yaml = std::string(kMinimal) + "checkpoint: {xyz: 1}\n";
   EXPECT_EQ(error_of(yaml), "cfg.yaml:11: unknown key 'checkpoint.xyz'; did you mean 'checkpoint.keep'? (valid "
-                            "keys here: every_steps, keep, resume)");
+                            "keys here: every_steps, keep, resume, best)");
   // A prefix of a value is near enough to suggest it.
   EXPECT_CONTAINS(error_of(kMinimal, {"model.loss=softmax"}),
                   "found 'softmax'; did you mean 'softmax_cross_entropy'?");
@@ -125,11 +125,11 @@ TEST(ConfigErrors, KeyNotAllowedForLayerType) {
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: relu, filters: 3}\n";
   EXPECT_EQ(error_of(yaml),
             "cfg.yaml:5: key 'model.layers[0].filters' is not allowed for a relu layer (it is a setting of "
-            "conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs");
+            "conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs, trainable");
   const std::string pool =
       "data: {train: d.h5}\nmodel:\n  input: [8, 8, 1]\n  layers:\n    - {type: max_pool2d, bias: false}\n";
   EXPECT_CONTAINS(error_of(pool), "key 'model.layers[0].bias' is not allowed for a max_pool2d layer (it is a "
-                                  "setting of conv2d, dense, depthwise_conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs, pool, stride, padding");
+                                  "setting of conv2d, dense, depthwise_conv2d, separable_conv2d, conv2d_transpose); allowed keys: type, name, inputs, trainable, pool, stride, padding");
 }
 
 TEST(ConfigErrors, BadSizeUnit) {
@@ -316,6 +316,34 @@ TEST(ConfigErrors, SoftmaxOnMasksNeedsAFullSizeOutput) {
   EXPECT_CONTAINS(spec_error("data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: conv2d, filters: 3, "
                              "kernel: 3, padding: same}]}\ntraining: {steps: 1, metrics: [dice]}\n", true),
                   "training.metrics: dice is for two-class masks; this model outputs 3 classes per pixel");
+}
+
+// SPEC section 14: one class weight per class of the loss; pos_weight is sigmoid_bce's.
+TEST(ConfigErrors, ClassWeightsOnePerClass) {
+  const std::string classifier =
+      "data: {train: d.h5}\nmodel: {input: [8, 8, 1], layers: [{type: global_avg_pool}, {type: dense, units: 3}]}\n";
+  EXPECT_EQ(spec_error(classifier + "training: {steps: 1, class_weights: [1, 2.5, 0]}\n", true), "");
+  EXPECT_EQ(spec_error(classifier + "training: {steps: 1, class_weights: [1, 20]}\n", true),
+            "cfg.yaml: training.class_weights has 2 weights; model.loss softmax_cross_entropy has 3 classes (the "
+            "output's channels), one weight each");
+  EXPECT_EQ(spec_error(classifier + "training: {steps: 1, pos_weight: 4}\n", true),
+            "cfg.yaml: training.pos_weight weighs the positive term of sigmoid_bce; model.loss is "
+            "softmax_cross_entropy");
+  const std::string bce = "data: {train: d.h5, synthesize: {masks: true}}\nmodel: {input: [8, 8, 1], loss: sigmoid_bce, "
+                          "layers: [{type: conv2d, filters: 1, kernel: 1}]}\n";
+  EXPECT_EQ(spec_error(bce + "training: {steps: 1, class_weights: [1, 20], pos_weight: 3}\n", true), "");
+  EXPECT_CONTAINS(spec_error(bce + "training: {steps: 1, class_weights: [1, 2, 3]}\n", true),
+                  "training.class_weights has 3 weights; model.loss sigmoid_bce has 2 classes (0 and 1)");
+  EXPECT_CONTAINS(spec_error("data: {train: d.h5}\nmodel: {input: [8, 8, 1], loss: mse, layers: [{type: conv2d, "
+                             "filters: 1, kernel: 1}]}\ntraining: {steps: 1, class_weights: [1, 2]}\n", true),
+                  "training.class_weights weighs softmax_cross_entropy and sigmoid_bce; model.loss is mse");
+  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "  class_weights: [1, -2]\n"),
+                  "training.class_weights[1]: expected a number >= 0, found '-2'");
+  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "  class_weights: 3\n"),
+                  "training.class_weights: expected a list of one weight (a number >= 0) per class, such as [1.0, "
+                  "20.0], found '3'");
+  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "  pos_weight: 0\n"),
+                  "training.pos_weight: expected a number > 0, found '0'");
 }
 
 }  // namespace
