@@ -87,7 +87,7 @@ class Translator {
     std::replace(clean.begin(), clean.end(), '/', '_');
     LayerConfig c = imported_layer(type, clean, keys);
     // Keras's `trainable: false` is kept (SPEC section 14): the layers a model froze stay frozen.
-    c.trainable = !(l.config.is_object() && l.config.value("trainable", true) == false);
+    c.trainable = !(l.config.is_object() && l.config.contains("trainable") && l.config["trainable"] == false);
     while (taken_.count(c.name)) c.name += "_";
     if (c.name != name && name == l.name) out_.keras_names[c.name] = name;
     taken_.insert(c.name);

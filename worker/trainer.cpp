@@ -270,6 +270,15 @@ double Trainer::train_step(int64_t step) {
   const size_t n = params_->trainable_count();
   float* grads = params_->grads().data();
   frozen_ = frozen_layers(config_, plan_.model, step);
+  // The backward goes as far as a weight that trains this step lies before a tensor (the
+  // memory model plans for when every freeze pattern is released: LayerSpec::output_gradient).
+  const ModelSpec& m = plan_.model;
+  gradient_.assign(m.layers.size() + 1, 0);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    bool reaches = !frozen_[l] && m.layers[l].param_count(true) > 0;
+    for (int t : m.layers[l].inputs) reaches = reaches || gradient_[size_t(t)];
+    gradient_[l + 1] = reaches;
+  }
   for (int micro = 0; micro < k; ++micro) {
     loss += train_micro_batch(step, micro);
     // Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_,
@@ -320,7 +329,7 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
   }
   for (int l = L - 1; l >= 0; --l) {
     const std::vector<int>& inputs = m.layers[l].inputs;
-    if (!m.layers[l].output_gradient) {
+    if (!gradient_[size_t(l) + 1]) {
       // Nothing before it trains (a frozen stem): no backward, and its inputs stay where they are.
       layers_[l]->release_saved();
       acts.device[l + 1].release();
@@ -328,11 +337,11 @@ double Trainer::train_micro_batch(int64_t step, int micro) {
     }
     for (int t : inputs) restore(acts, t);
     // The next backward's inputs come back beside this one.
-    if (l > 0 && m.layers[l - 1].output_gradient)
+    if (l > 0 && gradient_[size_t(l)])
       for (int t : m.layers[l - 1].inputs)
         if (!acts.host[t].empty() && acts.device[t].empty()) prefetch(acts, t);
     std::vector<bool> need_dx;
-    for (size_t k = 0; k < inputs.size(); ++k) need_dx.push_back(makes_input_gradient(m.layers[l], k));
+    for (int t : inputs) need_dx.push_back(gradient_[size_t(t)]);
     std::vector<Tensor> dx = layers_[l]->backward(inputs_of(m, l, acts.device), acts.device[l + 1], grads[l + 1],
                                                   need_dx);
     layers_[l]->release_saved();

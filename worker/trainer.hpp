@@ -101,6 +101,7 @@ class Trainer {
   LossWeights loss_weights_;  // training.class_weights and pos_weight
   Monitors monitors_;         // checkpoint.best, training.early_stopping, the plateau schedule
   std::vector<char> frozen_;  // per layer, this step (SPEC section 14); the layers read it
+  std::vector<char> gradient_;  // per tensor, this step: whether the backward makes its gradient
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
   Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far

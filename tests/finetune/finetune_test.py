@@ -9,7 +9,8 @@ validation values the run itself logged in metrics.csv.
 - the same run cut in the middle of a plateau wait and an early-stopping patience and
   resumed: the same final step, learning rates and weights, bit for bit;
 - a run that early stopping must end: exit 0 with the reason; resubmitted, it exits 0 at
-  once and writes nothing;
+  once and writes nothing, and the temporary a kill during best.h5's write would leave is
+  removed while best.h5 still verifies;
 - a monitor that validation does not compute, or without validation: exit 1 naming it;
 - frozen layers: the plan of a model with a frozen stem holds no gradient and no optimizer
   state for it (and its predicted peak is measured exactly, in the oracle cases); a run
@@ -222,12 +223,20 @@ def main():
     check("early stopping ends the run with exit 0 at the third validation (step 9)",
           r.returncode == 0 and int(rows[-1]["step"]) == 3 * EVERY and "stopping after step 9" in r.stderr,
           r.stderr[-1500:])
-    before = sorted(os.listdir(os.path.join(WORK, "runs", "stops", "checkpoints")))
+    # What a kill -9 in the middle of writing best.h5 leaves: its temporary beside the intact file.
+    ckdir = os.path.join(WORK, "runs", "stops", "checkpoints")
+    torn = os.path.join(ckdir, "best.h5.tmp-999999")
+    with open(torn, "wb") as f:
+        f.write(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    before = sorted(n for n in os.listdir(ckdir) if n != os.path.basename(torn))
     again = train(cfg)
     after = sorted(os.listdir(os.path.join(WORK, "runs", "stops", "checkpoints")))
     check("resubmitted, the stopped run exits 0 at once and writes no checkpoint",
           again.returncode == 0 and "the run stopped early at step 9" in again.stderr and before == after,
           again.stderr[-1500:])
+    ins = subprocess.run([BIN, "inspect", os.path.join(ckdir, "best.h5")], capture_output=True, text=True, timeout=60)
+    check("a torn best.h5 temporary is removed; best.h5 is intact and verifies",
+          not os.path.exists(torn) and ins.returncode == 0 and "checksum: OK" in ins.stdout, ins.stdout[-500:])
 
     # 4. Monitors that cannot be computed.
     r = train(config("bad", **{"checkpoint.best": dict(monitor="val_dice")}))
