@@ -134,9 +134,6 @@ struct OptimizerConfig {
   double momentum = 0.0;                              // sgd
 };
 
-// The learning rate of step t (0-based) of T, from the optimizer's lr (SPEC section 8):
-// constant; cosine: linear warmup lr*(t+1)/W for t < W, then min_lr + (lr - min_lr) *
-// (1 + cos(pi*(t-W)/(T-W)))/2; step: lr * factor^floor(t/every).
 // A validation figure that a callback watches (SPEC section 14): val_loss or val_<metric>.
 struct Monitor {
   std::string name = "val_loss";
@@ -154,6 +151,10 @@ struct EarlyStopping {
   double min_delta = 0;
 };
 
+// The learning rate of step t (0-based) of T, from the optimizer's lr (SPEC section 8):
+// constant; cosine: linear warmup lr*(t+1)/W for t < W, then min_lr + (lr - min_lr) *
+// (1 + cos(pi*(t-W)/(T-W)))/2; step: lr * factor^floor(t/every); plateau: the
+// optimizer's lr until the trainer lowers it (worker/monitors.hpp).
 struct LrSchedule {
   ScheduleType type = ScheduleType::Constant;
   int64_t warmup_steps = 0;  // cosine
