@@ -63,12 +63,27 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   Item data_item = root["data"];
   if (!data_item.present) data_item.missing("a map with at least `train: FILE.h5`");
   MapReader r(data_item,
-              {"train", "validation", "images", "targets", "scale", "shuffle", "downsample", "augment", "synthesize"});
-  if (!r.has("train")) r["train"].missing("the path of the HDF5 training file");
+              {"train", "validation", "images", "targets", "scale", "shuffle", "downsample", "augment", "synthesize",
+               "fit", "pad_value", "level", "mean", "std"});
+  if (!r.has("train")) r["train"].missing("the path of the training data: an HDF5 file or a CSV manifest");
   d.train = r.get_string("train", "");
   d.images = r.get_string("images", d.images);
   d.targets = r.get_string("targets", d.targets);
-  d.scale = r.get_positive("scale", d.scale);
+  if (Item s = r["scale"]; s.present && s.node.IsScalar() && s.node.Scalar() == "auto")
+    d.scale_auto = true;
+  else
+    d.scale = r.get_positive("scale", d.scale);
+  d.fit = r.get_choice("fit", DataFit::Error, {"error", "pad", "crop"}, {DataFit::Error, DataFit::Pad, DataFit::Crop});
+  d.pad_value = r.get_finite("pad_value", d.pad_value);
+  d.level = int(r.get_int("level", d.level, 0, kIntMax));
+  for (const char* key : {"mean", "std"}) {
+    Item it = r[key];
+    if (!it.present || it.node.IsNull()) continue;
+    if (!it.node.IsSequence() || it.node.size() == 0) it.expected("a list of one number per channel, such as [0.485, 0.456, 0.406]");
+    std::vector<double>& v = std::string(key) == "mean" ? d.mean : d.std;
+    for (size_t i = 0; i < it.node.size(); ++i)
+      v.push_back(std::string(key) == "mean" ? cfg::as_double_finite(it.element(i)) : cfg::as_double_positive(it.element(i)));
+  }
   d.shuffle = r.get_bool("shuffle", d.shuffle);
   d.validation = cfg::as_nullable_string(r["validation"]).value_or("");
   d.downsample = int(r.get_int("downsample", d.downsample, 1, kIntMax));
@@ -372,6 +387,10 @@ Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
   if (Item seed = root["seed"]; seed.present) c.seed = cfg::as_uint64(seed);
   read_model(root, c.model);
   read_data(root, c.model.loss, c.data);
+  for (const auto& [key, v] : {std::pair<const char*, const std::vector<double>&>{"mean", c.data.mean}, {"std", c.data.std}})
+    if (!v.empty() && int(v.size()) != c.model.channels)
+      root["data"].fail(fmt::format("data.{}: {} values; model.input has {} channel{}, one value each", key, v.size(),
+                                    c.model.channels, c.model.channels == 1 ? "" : "s"));
   read_training(root, c.training);
   read_parallel(root, c.parallel);
   const AugmentConfig& a = c.data.augment;

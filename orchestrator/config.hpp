@@ -109,12 +109,22 @@ struct AugmentConfig {
   bool crops() const { return crop_height > 0; }
 };
 
+// How a manifest's image of another size becomes model.input's (SPEC section 13): refused,
+// padded at the bottom and right, or cropped at the centre (and padded where smaller).
+enum class DataFit { Error, Pad, Crop };
+
 struct DataConfig {
   std::string train;  // resolved relative to the working directory
   std::string validation;  // empty: none
   std::string images = "images";
   std::string targets = "labels";
   double scale = 1.0;
+  bool scale_auto = false;  // data.scale: auto (SPEC section 13)
+  DataFit fit = DataFit::Error;
+  double pad_value = 0;
+  int level = 0;  // pyramid level of tiled TIFFs
+  // Per channel, after data.scale: (x - mean) / std (SPEC section 13); empty: none.
+  std::vector<double> mean, std;
   bool shuffle = true;
   int downsample = 1;  // integer box average on read
   AugmentConfig augment;

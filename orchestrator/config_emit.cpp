@@ -221,7 +221,18 @@ std::string to_yaml(const Config& c) {
   key_nullable(out, "validation", d.validation);
   out << YAML::Key << "images" << YAML::Value << Q{d.images};
   out << YAML::Key << "targets" << YAML::Value << Q{d.targets};
-  out << YAML::Key << "scale" << YAML::Value << num(d.scale);
+  if (d.scale_auto) out << YAML::Key << "scale" << YAML::Value << "auto";
+  else out << YAML::Key << "scale" << YAML::Value << num(d.scale);
+  if (d.fit != DataFit::Error)
+    out << YAML::Key << "fit" << YAML::Value << (d.fit == DataFit::Pad ? "pad" : "crop") << YAML::Key << "pad_value"
+        << YAML::Value << num(d.pad_value);
+  if (d.level) out << YAML::Key << "level" << YAML::Value << d.level;
+  for (const auto& [key, v] : {std::pair<const char*, const std::vector<double>&>{"mean", d.mean}, {"std", d.std}}) {
+    if (v.empty()) continue;
+    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (double x : v) out << num(x);
+    out << YAML::EndSeq;
+  }
   out << YAML::Key << "shuffle" << YAML::Value << d.shuffle;
   out << YAML::Key << "downsample" << YAML::Value << d.downsample;
   out << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;

@@ -107,6 +107,11 @@ ht_script_test(memory_policies "memory" 600 memory/policies_test.py
 # schedule and best.h5 against Keras rules, resumed mid-patience bit for bit; frozen layers.
 ht_script_test(finetune "checkpoint" 600 finetune/finetune_test.py ${CMAKE_BINARY_DIR}/finetune)
 
+# SPEC section 13 (tests/data/manifest_test.py): PNG, TIFF and DICOM files from a CSV
+# manifest train as an HDF5 file of the same values, bit for bit; data.fit; bad files.
+ht_script_test(data_manifest "checkpoint;mpi" 600 data/manifest_test.py ${MPIEXEC_EXECUTABLE}
+               ${CMAKE_BINARY_DIR}/data-manifest)
+
 # Hostile input, signals and kills (tests/cli/robustness_test.py): exit codes of SPEC
 # section 2, one clear message, no checkpoint lost. Every run inside has its own timeout.
 ht_script_test(cli_robustness "checkpoint" 600 cli/robustness_test.py

@@ -9,6 +9,8 @@
 
 #include "orchestrator/files.hpp"
 #include "worker/h5.hpp"
+#include "worker/image_files.hpp"
+#include "worker/manifest.hpp"
 #include "worker/tensor.hpp"
 
 namespace ht {
@@ -33,6 +35,12 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   o.channels = config.model.channels;
   o.downsample = config.data.downsample;
   o.larger_ok = config.data.augment.crops();
+  o.fit = config.data.fit;
+  o.pad_value = config.data.pad_value;
+  o.level = config.data.level;
+  o.scale_auto = config.data.scale_auto;
+  o.mean = config.data.mean;
+  o.std = config.data.std;
   const bool spatial_out = spec.spatial_output();
   if (config.model.loss == LossType::SoftmaxCrossEntropy) {
     o.expect = spatial_out ? TargetKind::Masks : TargetKind::Labels;  // per pixel: class maps
@@ -63,6 +71,13 @@ struct DataReader::Impl {
   TargetKind kind = TargetKind::Labels;
   std::vector<int64_t> labels;
   std::vector<float> buffer;  // HWC staging for multi-channel tiles
+  // A manifest's image files (SPEC section 13) instead of HDF5 datasets: each row's header,
+  // and the files open now (one image, one mask).
+  std::unique_ptr<Manifest> manifest;
+  std::vector<ImageInfo> image_info, target_info;
+  std::unique_ptr<ImageFile> image_file, target_file;
+  int64_t image_index = -1, target_index = -1;
+  std::vector<float> block;  // a fitted read's part inside the image
 
   [[noreturn]] void fail(const std::string& what) const {
     throw ConfigError(fmt::format("{}: {}", path, what));
@@ -70,6 +85,7 @@ struct DataReader::Impl {
 
   void check_file() const {
     if (path.empty()) throw ConfigError(fmt::format("{} is empty: no data file given", opt.key));
+    if (is_manifest(path)) return;  // read_manifest says what is wrong with it
     std::string why = h5::why_not_readable(path);
     if (why == "does not exist") {
       std::error_code ec;
@@ -124,14 +140,7 @@ struct DataReader::Impl {
     if (s[0] < 1) fail(fmt::format("dataset '{}' is {}: it holds no images", opt.images, h5::shape_string(s)));
     // A header can declare any count; the per-image index (labels, the epoch's order) is
     // host memory, so the count is checked before anything is sized by it.
-    const uint64_t index_bytes = saturating_product({uint64_t(s[0]), kIndexBytesPerImage});
-    const uint64_t limit = physical_memory_bytes() / 8;
-    if (index_bytes > limit)
-      fail(fmt::format("dataset '{}' declares {} images; their index (labels and shuffle order, {} bytes per "
-                       "image) would need {} of host memory, more than an eighth of this machine's {}; split "
-                       "the data into smaller files",
-                       opt.images, s[0], kIndexBytesPerImage, format_size(index_bytes),
-                       format_size(physical_memory_bytes())));
+    check_index_memory(s[0], fmt::format("dataset '{}'", opt.images));
     count = s[0];
     h5::Hid type = h5::type_id(H5_CHECK(H5Dget_type(images)));
     std::string name = h5::type_name(type);
@@ -185,6 +194,174 @@ struct DataReader::Impl {
     }
   }
 
+  // The image (or mask) of manifest row `index`, as fitted: its offset in the file's pixels.
+  int64_t fit_offset(int64_t image_size, int64_t target) const {
+    return opt.fit == DataFit::Crop && image_size > target ? (image_size - target) / 2 : 0;
+  }
+
+  void check_index_memory(int64_t n, const std::string& what) const {
+    const uint64_t index_bytes = saturating_product({uint64_t(n), kIndexBytesPerImage});
+    const uint64_t limit = physical_memory_bytes() / 8;
+    if (index_bytes > limit)
+      fail(fmt::format("{} declares {} images; their index (labels and shuffle order, {} bytes per image) would "
+                       "need {} of host memory, more than an eighth of this machine's {}; split the data into "
+                       "smaller files",
+                       what, n, kIndexBytesPerImage, format_size(index_bytes), format_size(physical_memory_bytes())));
+  }
+
+  // A manifest: every row's header is read now, so a wrong size, channel count or format is
+  // named before training starts; the pixels are read in place as the tiles ask.
+  void open_manifest() {
+    manifest = std::make_unique<Manifest>(read_manifest(path, opt.key));
+    const Manifest& m = *manifest;
+    count = int64_t(m.rows.size());
+    check_index_memory(count, "the manifest");
+    pixel = PixelType::Float32;
+    const int f = opt.downsample;
+    const std::string after = f > 1 ? fmt::format(" (data.downsample {})", f) : "";
+    auto at = [&](const ManifestRow& r) { return fmt::format("{}:{}: {}", path, r.line, r.image); };
+    for (const ManifestRow& r : m.rows) {
+      ImageInfo info;
+      try {
+        info = probe_image(r.image, opt.level);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
+      }
+      if (info.channels != opt.channels)
+        throw ConfigError(fmt::format("{}: {} has {} channel{}; model.input {} has {}", at(r), info.describe(),
+                                      info.channels, info.channels == 1 ? "" : "s", input_shape(), opt.channels));
+      image_info.push_back(info);
+    }
+    // The file's pixels every image becomes: f x model.input, or (random crops) the one size
+    // all the images share.
+    file_h = opt.height * f;
+    file_w = opt.width * f;
+    if (opt.larger_ok) {
+      file_h = image_info[0].height;
+      file_w = image_info[0].width;
+    }
+    for (size_t i = 0; i < m.rows.size(); ++i) {
+      const ImageInfo& info = image_info[i];
+      const ManifestRow& r = m.rows[i];
+      const bool same = info.height == file_h && info.width == file_w;
+      if (opt.larger_ok && !same)
+        throw ConfigError(fmt::format("{}: is {}x{} (H x W) and {} is {}x{}: data.augment.crop takes its windows from "
+                                      "images of one size",
+                                      at(r), info.height, info.width, m.rows[0].image, file_h, file_w));
+      if (opt.fit == DataFit::Error && !same)
+        throw ConfigError(fmt::format("{}: is {}x{} (H x W), but model.input {} needs {}x{}{}; set data.fit: pad or "
+                                      "crop to bring every image to that size",
+                                      at(r), info.height, info.width, input_shape(), file_h, file_w, after));
+      if (opt.fit == DataFit::Pad && (info.height > file_h || info.width > file_w))
+        throw ConfigError(fmt::format("{}: is {}x{} (H x W), larger than the {}x{} data.fit: pad brings images to{}; "
+                                      "use data.fit: crop",
+                                      at(r), info.height, info.width, file_h, file_w, after));
+    }
+    if (file_h % f != 0 || file_w % f != 0)
+      fail(fmt::format("data.downsample {} does not divide the {}x{} images (every side must be a multiple of it)",
+                       f, file_h, file_w));
+    view_h = file_h / f;
+    view_w = file_w / f;
+    if (opt.larger_ok && (view_h < opt.height || view_w < opt.width))
+      fail(fmt::format("data.augment.crop [{}, {}] is larger than the {}x{} images{}", opt.height, opt.width, view_h,
+                       view_w, after));
+    if (opt.targets.empty()) return;
+    if (m.targets == Manifest::Targets::None)
+      fail("the manifest has no target column: expected 'label' (class ids), 'mask' or 'class_map' (paths) beside "
+           "'image'");
+    kind = m.targets == Manifest::Targets::Labels ? TargetKind::Labels : TargetKind::Masks;
+    if (opt.expect && *opt.expect != kind)
+      fail(fmt::format("its column '{}' holds {}, but model.loss needs {} (a '{}' column)",
+                       kind == TargetKind::Labels ? "label" : m.targets == Manifest::Targets::Masks ? "mask" : "class_map",
+                       to_string(kind), to_string(*opt.expect),
+                       *opt.expect == TargetKind::Labels ? "label" : opt.classes > 0 ? "class_map" : "mask"));
+    if (kind == TargetKind::Labels) {
+      for (const ManifestRow& r : m.rows) labels.push_back(r.label);
+      return;
+    }
+    const bool class_maps = opt.expect == TargetKind::Masks && opt.classes > 0;
+    if (class_maps && opt.classes > 2 && opt.downsample > 1)
+      fail(fmt::format("data.downsample {} averages the masks, but class maps of {} classes cannot be averaged; use "
+                       "data.downsample: 1",
+                       opt.downsample, opt.classes));
+    for (size_t i = 0; i < m.rows.size(); ++i) {
+      const ManifestRow& r = m.rows[i];
+      ImageInfo info;
+      try {
+        info = probe_image(r.target, opt.level, /*indices=*/true);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
+      }
+      if (info.channels != 1)
+        throw ConfigError(fmt::format("{}:{}: {}: a mask has one channel; found {} ({})", path, r.line, r.target,
+                                      info.channels, info.describe()));
+      if (info.height != image_info[i].height || info.width != image_info[i].width)
+        throw ConfigError(fmt::format("{}:{}: {} is {}x{} (H x W) but its image {} is {}x{}", path, r.line, r.target,
+                                      info.height, info.width, r.image, image_info[i].height, image_info[i].width));
+      target_info.push_back(info);
+    }
+  }
+
+  ImageFile& file_of(bool mask, int64_t index) {
+    std::unique_ptr<ImageFile>& f = mask ? target_file : image_file;
+    int64_t& open = mask ? target_index : image_index;
+    if (!f || open != index) {
+      const ManifestRow& r = manifest->rows[size_t(index)];
+      f.reset();
+      open = -1;
+      try {
+        f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt.level, mask);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
+      }
+      open = index;
+    }
+    return *f;
+  }
+
+  // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of image (or mask) `index` in
+  // the file's pixels, C channels last, as float: an HDF5 hyperslab, or a manifest file's
+  // block as data.fit places the image (padding: data.pad_value, 0 for masks).
+  void read_block(bool mask, int64_t index, int64_t row0, int64_t col0, int64_t rows, int64_t cols, int C,
+                  float* out) {
+    if (!manifest) {
+      if (mask && masks_rank == 3)  // class maps [N, H, W]
+        h5::read_hyperslab(masks, {index, row0, col0}, {1, rows, cols}, H5T_NATIVE_FLOAT, out);
+      else
+        h5::read_hyperslab(mask ? masks : images, {index, row0, col0, 0}, {1, rows, cols, C}, H5T_NATIVE_FLOAT, out);
+      bytes_read += uint64_t(rows) * cols * C * sizeof(float);
+      return;
+    }
+    const ImageInfo& info = (mask ? target_info : image_info)[size_t(index)];
+    const int64_t oy = fit_offset(info.height, file_h), ox = fit_offset(info.width, file_w);
+    const int64_t r_lo = std::max<int64_t>(row0 + oy, 0), r_hi = std::min<int64_t>(row0 + rows + oy, info.height);
+    const int64_t c_lo = std::max<int64_t>(col0 + ox, 0), c_hi = std::min<int64_t>(col0 + cols + ox, info.width);
+    if (r_lo >= r_hi || c_lo >= c_hi || r_hi - r_lo < rows || c_hi - c_lo < cols)
+      std::fill(out, out + size_t(rows) * cols * C, mask ? 0.f : float(opt.pad_value));
+    if (r_lo >= r_hi || c_lo >= c_hi) return;
+    ImageFile& file = file_of(mask, index);
+    const uint64_t before = file.bytes_decoded();
+    const int inside_rows = int(r_hi - r_lo), inside_cols = int(c_hi - c_lo);
+    float* dst = out;
+    if (inside_rows != rows || inside_cols != cols) {
+      block.resize(size_t(inside_rows) * inside_cols * C);
+      dst = block.data();
+    }
+    file.read(r_lo, c_lo, inside_rows, inside_cols, dst);
+    bytes_read += file.bytes_decoded() - before;
+    if (dst == out) return;
+    for (int r = 0; r < inside_rows; ++r)
+      std::copy(block.begin() + ptrdiff_t(size_t(r) * inside_cols * C),
+                block.begin() + ptrdiff_t(size_t(r + 1) * inside_cols * C),
+                out + (size_t(r_lo - oy - row0 + r) * cols + size_t(c_lo - ox - col0)) * C);
+  }
+
+  // data.scale: auto: 1 / the largest value of the image's integer type (1 for floats).
+  float auto_scale(int64_t index) const {
+    if (manifest) return float(1.0 / image_info[size_t(index)].full_scale());
+    return pixel == PixelType::UInt8 ? 1.f / 255.f : pixel == PixelType::UInt16 ? 1.f / 65535.f : 1.f;
+  }
+
   void check_tile(int64_t index, const Rect& r, const SampleView& v) const {
     if (index < 0 || index >= count)
       throw std::out_of_range(fmt::format("{}: image index {} outside [0, {})", path, index, count));
@@ -201,8 +378,8 @@ struct DataReader::Impl {
   // the file block under it, in bands of rows, box-averaged by the downsample factor and
   // mirrored. `check` sees every file value with its file row and column.
   template <class Check>
-  void read_view(const h5::Hid& ds, int64_t index, int C, const Rect& rect, const SampleView& v, float* out,
-                 const Check& check, int rank = 4) {
+  void read_view(bool mask, int64_t index, int C, const Rect& rect, const SampleView& v, float* out,
+                 const Check& check) {
     const int rows = rect.rows.size(), cols = rect.cols.size(), f = opt.downsample;
     const int64_t row0 = int64_t(f) * (v.top + (v.flip_rows ? opt.height - rect.rows.hi : rect.rows.lo));
     const int64_t col0 = int64_t(f) * (v.left + (v.flip_cols ? opt.width - rect.cols.hi : rect.cols.lo));
@@ -216,13 +393,7 @@ struct DataReader::Impl {
       const int nb = std::min(band, rows - b0);
       const int src_lo = v.flip_rows ? rows - b0 - nb : b0;  // in file order
       const int64_t first_row = row0 + int64_t(src_lo) * f;
-      if (rank == 3)  // class maps [N, H, W]
-        h5::read_hyperslab(ds, {index, first_row, col0}, {1, int64_t(nb) * f, file_cols}, H5T_NATIVE_FLOAT,
-                           buffer.data());
-      else
-        h5::read_hyperslab(ds, {index, first_row, col0, 0}, {1, int64_t(nb) * f, file_cols, C}, H5T_NATIVE_FLOAT,
-                           buffer.data());
-      bytes_read += uint64_t(nb) * band_row_bytes;
+      read_block(mask, index, first_row, col0, int64_t(nb) * f, file_cols, C, buffer.data());
       for (int i = 0; i < nb; ++i) {
         const int src = src_lo + i, r = v.flip_rows ? rows - 1 - src : src;
         for (int j = 0; j < cols; ++j) {
@@ -250,6 +421,10 @@ DataReader::DataReader(const std::string& path, const DataReaderOptions& options
   m.path = path;
   m.opt = options;
   m.check_file();
+  if (is_manifest(path)) {
+    m.open_manifest();
+    return;
+  }
   try {
     m.file = h5::open_file(path);
     m.open_images();
@@ -282,21 +457,29 @@ void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, f
   const int rows = rect.rows.size(), cols = rect.cols.size(), C = m.opt.channels;
   const size_t n = size_t(rows) * cols * C;
   const size_t plane = size_t(rows) * cols;
+  if (m.opt.scale_auto) scale = m.auto_scale(index);
   try {
-    if (m.opt.downsample == 1 && !view.flip_rows && !view.flip_cols && C == 1) {
+    if (m.opt.downsample == 1 && !view.flip_rows && !view.flip_cols && C == 1 && !m.manifest) {
       // The common case: HDF5 converts uint8/uint16 to float during the read, and with one
       // channel HWC is CHW, so the block lands in `out` as it is.
       h5::read_hyperslab(m.images, {index, view.top + rect.rows.lo, view.left + rect.cols.lo, 0}, {1, rows, cols, 1},
                          H5T_NATIVE_FLOAT, out);
       m.bytes_read += n * sizeof(float);
     } else {
-      m.read_view(m.images, index, C, rect, view, out, [](float, int64_t, int64_t) {});
+      m.read_view(false, index, C, rect, view, out, [](float, int64_t, int64_t) {});
     }
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading image {} of '{}' failed: {}", m.path, index, m.opt.images, e.reason()));
   }
   if (scale != 1.f)
     for (size_t i = 0; i < n; ++i) out[i] *= scale;
+  if (!m.opt.mean.empty() || !m.opt.std.empty())
+    for (int c = 0; c < C; ++c) {
+      const double mean = m.opt.mean.empty() ? 0.0 : m.opt.mean[size_t(c)];
+      const double std = m.opt.std.empty() ? 1.0 : m.opt.std[size_t(c)];
+      float* p = out + size_t(c) * plane;
+      for (size_t i = 0; i < plane; ++i) p[i] = float((double(p[i]) - mean) / std);
+    }
   // A NaN or Inf pixel (in the file, or made by data.scale) would surface steps later as a
   // NaN loss; it is named here, where it is read.
   const size_t bad = first_non_finite(out, n);
@@ -316,6 +499,9 @@ int32_t DataReader::read_label(int64_t index) const {
   if (index < 0 || index >= m.count)
     throw std::out_of_range(fmt::format("{}: label index {} outside [0, {})", m.path, index, m.count));
   int64_t v = m.labels[size_t(index)];
+  if (m.manifest && m.opt.classes > 0 && v >= m.opt.classes)
+    throw ConfigError(fmt::format("{}:{}: label {} is not a class id in [0, {}) (the model's output has {} classes)",
+                                  m.path, m.manifest->rows[size_t(index)].line, v, m.opt.classes, m.opt.classes));
   if (m.opt.classes > 0 && (v < 0 || v >= m.opt.classes))
     m.fail(fmt::format("dataset '{}'[{}] = {} is not a class id in [0, {}) (the model's output has {} classes)",
                        m.opt.targets, index, v, m.opt.classes, m.opt.classes));
@@ -331,17 +517,20 @@ void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out, con
     throw std::logic_error(fmt::format("{}: '{}' holds labels, not masks", m.path, m.opt.targets));
   m.check_tile(index, rect, view);
   const bool class_maps = m.opt.expect == TargetKind::Masks && m.opt.classes > 0;
+  // A manifest's mask is named by its file (rows and columns are the fitted image's).
+  const std::string what = m.manifest ? fmt::format("mask {} (line {})", m.manifest->rows[size_t(index)].target,
+                                                    m.manifest->rows[size_t(index)].line)
+                                      : fmt::format("dataset '{}' image {}", m.opt.targets, index);
   const auto binary = [&](float v, int64_t row, int64_t col) {
     if (class_maps && !(v >= 0.f && v < float(m.opt.classes) && v == float(int(v))))
-      m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: class maps must hold class ids in [0, {}) "
-                         "for the {}-channel softmax output",
-                         m.opt.targets, index, v, row, col, m.opt.classes, m.opt.classes));
+      m.fail(fmt::format("{} has {} at row {}, col {}: class maps must hold class ids in [0, {}) for the {}-channel "
+                         "softmax output",
+                         what, v, row, col, m.opt.classes, m.opt.classes));
     if (!class_maps && v != 0.f && v != 1.f)
-      m.fail(fmt::format("dataset '{}' image {} has {} at row {}, col {}: masks must be 0 or 1", m.opt.targets, index,
-                         v, row, col));
+      m.fail(fmt::format("{} has {} at row {}, col {}: masks must be 0 or 1", what, v, row, col));
   };
   try {
-    m.read_view(m.masks, index, 1, rect, view, out, binary, m.masks_rank);
+    m.read_view(true, index, 1, rect, view, out, binary);
   } catch (const h5::H5Error& e) {
     throw ConfigError(fmt::format("{}: reading mask {} of '{}' failed: {}", m.path, index, m.opt.targets, e.reason()));
   }

@@ -1,5 +1,7 @@
-// Reads training data (SPEC section 4) one tile at a time through HDF5 hyperslabs:
-// `images` [N, H, W, C] (float32, uint8 or uint16) and `labels` [N] or `masks` [N, H, W, 1].
+// Reads training data one tile at a time: an HDF5 file (SPEC section 4) through hyperslabs,
+// `images` [N, H, W, C] (float32, uint8 or uint16) and `labels` [N] or `masks` [N, H, W, 1];
+// or a CSV manifest of image files (section 13: PNG, TIFF, DICOM; worker/image_files.hpp),
+// each read in place and brought to model.input's size by data.fit.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,13 @@ struct DataReaderOptions {
   int classes = 0;                          // labels must lie in [0, classes); 0: unchecked
   std::optional<TargetKind> expect;         // what the loss needs; nullopt: either
   std::string key = "data.train";           // the config key naming the file, for messages
+  // Manifests (SPEC section 13): how an image of another size becomes model.input's, the
+  // value of padded pixels (in the file's units, before data.scale), the pyramid level.
+  DataFit fit = DataFit::Error;
+  double pad_value = 0;
+  int level = 0;
+  bool scale_auto = false;  // data.scale: auto: each image's integer range to [0, 1]
+  std::vector<double> mean, std;  // per channel, after the scale: (x - mean) / std
 };
 
 // Options for a run: model.input, data.images/targets, `classes` = units of the last layer
@@ -68,7 +77,8 @@ class DataReader {
   uint64_t bytes_read() const;  // pixels and mask values read from the file so far, as float32
 
   // Writes image `index`'s pixels in `rect` (rows/cols of the view, model.input-sized) to
-  // `out` as [C][rows][cols] float, multiplied by `scale`. Reads only the file's block
+  // `out` as [C][rows][cols] float, multiplied by `scale` (with data.scale: auto, by the
+  // image's own 1 / its integer range instead), then normalised by data.mean and data.std. Reads only the file's block
   // under that rectangle (downsample x larger), in bands. Throws std::out_of_range for an
   // index, rect or view outside the image (a caller bug, not a data problem).
   void read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view = {});

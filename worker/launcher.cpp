@@ -10,6 +10,7 @@
 #include "orchestrator/files.hpp"
 #include "worker/local_comm.hpp"
 #include "worker/log.hpp"
+#include "worker/manifest.hpp"
 #include "worker/mpi_comm.hpp"
 #include "worker/synthetic_data.hpp"
 #include "worker/trainer.hpp"
@@ -25,6 +26,10 @@ void make_synthetic_data(const Config& config) {
   const SynthesizeConfig& s = *config.data.synthesize;
   auto make = [&](const std::string& path, const char* key, SyntheticOptions o) {
     if (path.empty() || std::filesystem::exists(path)) return;
+    if (is_manifest(path))
+      throw ConfigError(fmt::format("{}: {} {} does not exist, and data.synthesize writes HDF5 files, not manifests: "
+                                    "give {} a .h5 name, or remove data.synthesize",
+                                    config.source_path, key, path, key));
     log().info("writing synthetic data {} ({} x {} x {} x {})", path, o.count, s.height, s.width, s.channels);
     const auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty())

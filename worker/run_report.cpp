@@ -18,6 +18,7 @@
 #include "worker/checkpoint_dir.hpp"
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
+#include "worker/manifest.hpp"
 #include "worker/monitors.hpp"
 
 namespace ht {
@@ -42,7 +43,7 @@ Thumbnail read_thumbnail(const Config& config, const ModelSpec& model) {
   Thumbnail t;
   const std::string& path = config.data.train;
   t.source = fmt::format("image 0 of {}", path);
-  const std::string why = h5::why_not_readable(path);
+  const std::string why = is_manifest(path) ? "" : h5::why_not_readable(path);
   if (!why.empty()) {
     t.missing = fmt::format("{} {}", path, why);
     return t;

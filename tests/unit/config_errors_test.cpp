@@ -346,5 +346,15 @@ TEST(ConfigErrors, ClassWeightsOnePerClass) {
                   "training.pos_weight: expected a number > 0, found '0'");
 }
 
+// SPEC section 13: the data keys of manifests.
+TEST(ConfigErrors, DataKeysOfManifests) {
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.mean=[0.5, 0.5]"}),
+                  "data.mean: 2 values; model.input has 1 channel, one value each");
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.std=[0]"}), "data.std[0]: expected a number > 0, found '0'");
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.fit=stretch"}), "data.fit: expected one of error | pad | crop");
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.level=-1"}), "data.level");
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.scale=sometimes"}), "data.scale: expected a number > 0");
+}
+
 }  // namespace
 }  // namespace ht

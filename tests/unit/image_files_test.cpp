@@ -1,0 +1,159 @@
+// Image files read in place (SPEC section 13): a rank's tile of a tiled TIFF decodes only
+// the TIFF tiles under it, a strip TIFF only its strips; the values are the file's.
+#include <gtest/gtest.h>
+#include <tiffio.h>
+#include <unistd.h>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+
+#include "orchestrator/config.hpp"
+#include "worker/data_reader.hpp"
+#include "worker/image_files.hpp"
+
+namespace fs = std::filesystem;
+using namespace ht;
+
+namespace {
+
+constexpr int kSide = 4096, kTile = 256;
+
+uint8_t pattern(int64_t y, int64_t x) { return uint8_t((y * 7 + x * 3) % 251); }
+
+// A kSide x kSide 8-bit gray TIFF, tiled (kTile x kTile) or in strips of `strip_rows`.
+void write_tiff(const std::string& path, bool tiled, int strip_rows = 16) {
+  TIFF* t = TIFFOpen(path.c_str(), "w8");  // BigTIFF
+  ASSERT_NE(t, nullptr);
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, kSide);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, kSide);
+  TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+  TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+  TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  std::vector<uint8_t> buf;
+  if (tiled) {
+    TIFFSetField(t, TIFFTAG_TILEWIDTH, kTile);
+    TIFFSetField(t, TIFFTAG_TILELENGTH, kTile);
+    buf.resize(size_t(kTile) * kTile);
+    for (int y0 = 0; y0 < kSide; y0 += kTile)
+      for (int x0 = 0; x0 < kSide; x0 += kTile) {
+        for (int y = 0; y < kTile; ++y)
+          for (int x = 0; x < kTile; ++x) buf[size_t(y) * kTile + x] = pattern(y0 + y, x0 + x);
+        ASSERT_GE(TIFFWriteTile(t, buf.data(), uint32_t(x0), uint32_t(y0), 0, 0), 0);
+      }
+  } else {
+    TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, strip_rows);
+    buf.resize(kSide);
+    for (int y = 0; y < kSide; ++y) {
+      for (int x = 0; x < kSide; ++x) buf[size_t(x)] = pattern(y, x);
+      ASSERT_GE(TIFFWriteScanline(t, buf.data(), uint32_t(y), 0), 0);
+    }
+  }
+  TIFFClose(t);
+}
+
+class ImageFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("ht_images_" + std::to_string(getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+  // A manifest of one image with a label, and a reader of it as model.input [kSide, kSide, 1].
+  DataReader reader_of(const std::string& image) const {
+    std::ofstream(file("m.csv")) << "image,label\n" << fs::path(image).filename().string() << ",1\n";
+    DataReaderOptions o;
+    o.height = o.width = kSide;
+    o.channels = 1;
+    o.classes = 2;
+    return DataReader(file("m.csv"), o);
+  }
+  fs::path dir;
+};
+
+// Bytes of float32 the reader decodes for `rect`: every file block of `block_rows` x
+// `block_cols` it touches, whole.
+uint64_t decoded_bytes(const Rect& r, int block_rows, int block_cols) {
+  const int64_t rows = (r.rows.hi - 1) / block_rows - r.rows.lo / block_rows + 1;
+  const int64_t cols = (r.cols.hi - 1) / block_cols - r.cols.lo / block_cols + 1;
+  return uint64_t(rows * block_rows) * uint64_t(cols * block_cols) * sizeof(float);
+}
+
+void expect_pattern(const Rect& r, const std::vector<float>& out) {
+  const int cols = r.cols.size();
+  for (int y = 0; y < r.rows.size(); y += 97)
+    for (int x = 0; x < cols; x += 89)
+      ASSERT_EQ(out[size_t(y) * cols + x], float(pattern(r.rows.lo + y, r.cols.lo + x))) << "row " << y << " col " << x;
+}
+
+TEST_F(ImageFilesTest, ATiledTiffRankDecodesOnlyTheTilesUnderItsTile) {
+  write_tiff(file("tiled.tif"), true);
+  const ImageInfo info = probe_image(file("tiled.tif"));
+  EXPECT_EQ(info.height, kSide);
+  EXPECT_EQ(info.width, kSide);
+  EXPECT_EQ(info.channels, 1);
+  // A 2x2 grid (tile-aligned shards) and a 3x3 one (shards across TIFF tiles).
+  for (int grid : {2, 3}) {
+    for (int i = 0; i < grid; ++i)
+      for (int j = 0; j < grid; ++j) {
+        DataReader reader = reader_of(file("tiled.tif"));
+        const Rect r{{kSide * i / grid, kSide * (i + 1) / grid}, {kSide * j / grid, kSide * (j + 1) / grid}};
+        std::vector<float> out(size_t(r.area()));
+        reader.read_image_tile(0, r, 1.f, out.data());
+        EXPECT_EQ(reader.bytes_read(), decoded_bytes(r, kTile, kTile)) << "grid " << grid << " shard " << i << "," << j;
+        EXPECT_LT(reader.bytes_read(), uint64_t(kSide) * kSide * sizeof(float) / 2);
+        expect_pattern(r, out);
+      }
+  }
+}
+
+TEST_F(ImageFilesTest, AStripTiffRankDecodesOnlyItsStrips) {
+  write_tiff(file("strips.tif"), false, 16);
+  DataReader reader = reader_of(file("strips.tif"));
+  const Rect r{{1000, 2050}, {2048, 4096}};
+  std::vector<float> out(size_t(r.area()));
+  reader.read_image_tile(0, r, 1.f, out.data());
+  // Whole strips (every column) of the rows it needs.
+  EXPECT_EQ(reader.bytes_read(), decoded_bytes(Rect{r.rows, {0, kSide}}, 16, kSide));
+  expect_pattern(r, out);
+}
+
+TEST_F(ImageFilesTest, HeadersThatClaimTooMuchAreRefusedBeforeAnyAllocation) {
+  // A classic TIFF whose header says 2^21 x 2^21 pixels in one strip of 100 bytes.
+  const std::string path = file("huge.tif");
+  std::string bytes = std::string("II*\0", 4) + std::string("\x08\0\0\0", 4);
+  auto u16 = [&](uint16_t v) { bytes += char(v & 0xff), bytes += char(v >> 8); };
+  auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes += char((v >> (8 * i)) & 0xff);
+  };
+  const std::vector<std::array<uint32_t, 3>> entries = {  // tag, type (3 short, 4 long), value
+      {256, 4, 1u << 21}, {257, 4, 1u << 21}, {258, 3, 8}, {259, 3, 1}, {262, 3, 1},
+      {273, 4, 8},        {277, 3, 1},        {278, 4, 1u << 21}, {279, 4, 100}};
+  u16(uint16_t(entries.size()));
+  for (const auto& [tag, type, value] : entries) {
+    u16(uint16_t(tag));
+    u16(uint16_t(type));
+    u32(1);
+    if (type == 3) {
+      u16(uint16_t(value));
+      u16(0);
+    } else {
+      u32(value);
+    }
+  }
+  u32(0);
+  std::ofstream(path, std::ios::binary) << bytes;
+  try {
+    probe_image(path);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than halotrain reads"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
