@@ -64,7 +64,7 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   if (!data_item.present) data_item.missing("a map with at least `train: FILE.h5`");
   MapReader r(data_item,
               {"train", "validation", "images", "targets", "scale", "shuffle", "downsample", "augment", "synthesize",
-               "fit", "pad_value", "level", "mean", "std"});
+               "fit", "pad_value", "level", "mean", "std", "channels"});
   if (!r.has("train")) r["train"].missing("the path of the training data: an HDF5 file or a CSV manifest");
   d.train = r.get_string("train", "");
   d.images = r.get_string("images", d.images);
@@ -76,6 +76,7 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
   d.fit = r.get_choice("fit", DataFit::Error, {"error", "pad", "crop"}, {DataFit::Error, DataFit::Pad, DataFit::Crop});
   d.pad_value = r.get_finite("pad_value", d.pad_value);
   d.level = int(r.get_int("level", d.level, 0, kIntMax));
+  d.channels = int(r.get_int("channels", d.channels, 0, kIntMax));
   for (const char* key : {"mean", "std"}) {
     Item it = r[key];
     if (!it.present || it.node.IsNull()) continue;
@@ -391,6 +392,10 @@ Config read_config(const cfg::Source& src, const YAML::Node& root_node) {
     if (!v.empty() && int(v.size()) != c.model.channels)
       root["data"].fail(fmt::format("data.{}: {} values; model.input has {} channel{}, one value each", key, v.size(),
                                     c.model.channels, c.model.channels == 1 ? "" : "s"));
+  if (c.data.channels > 0 && c.data.channels != c.model.channels)
+    root["data"].fail(fmt::format("data.channels: {}, but model.input has {}: the images become the model's "
+                                  "channels (adapt a pretrained model with `halotrain import --channels` instead)",
+                                  c.data.channels, c.model.channels));
   read_training(root, c.training);
   read_parallel(root, c.parallel);
   const AugmentConfig& a = c.data.augment;

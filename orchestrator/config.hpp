@@ -125,6 +125,8 @@ struct DataConfig {
   int level = 0;  // pyramid level of tiled TIFFs
   // Per channel, after data.scale: (x - mean) / std (SPEC section 13); empty: none.
   std::vector<double> mean, std;
+  // Gray and RGB images of a manifest converted to this many channels (model.input's); 0: as they are.
+  int channels = 0;
   bool shuffle = true;
   int downsample = 1;  // integer box average on read
   AugmentConfig augment;

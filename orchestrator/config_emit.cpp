@@ -227,6 +227,7 @@ std::string to_yaml(const Config& c) {
     out << YAML::Key << "fit" << YAML::Value << (d.fit == DataFit::Pad ? "pad" : "crop") << YAML::Key << "pad_value"
         << YAML::Value << num(d.pad_value);
   if (d.level) out << YAML::Key << "level" << YAML::Value << d.level;
+  if (d.channels) out << YAML::Key << "channels" << YAML::Value << d.channels;
   for (const auto& [key, v] : {std::pair<const char*, const std::vector<double>&>{"mean", d.mean}, {"std", d.std}}) {
     if (v.empty()) continue;
     out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;

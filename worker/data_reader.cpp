@@ -39,6 +39,7 @@ DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spe
   o.pad_value = config.data.pad_value;
   o.level = config.data.level;
   o.scale_auto = config.data.scale_auto;
+  o.convert_channels = config.data.channels > 0;
   o.mean = config.data.mean;
   o.std = config.data.std;
   const bool spatial_out = spec.spatial_output();
@@ -77,7 +78,8 @@ struct DataReader::Impl {
   std::vector<ImageInfo> image_info, target_info;
   std::unique_ptr<ImageFile> image_file, target_file;
   int64_t image_index = -1, target_index = -1;
-  std::vector<float> block;  // a fitted read's part inside the image
+  std::vector<float> block;      // a fitted read's part inside the image
+  std::vector<float> converted;  // data.channels: the file's channels before conversion
 
   [[noreturn]] void fail(const std::string& what) const {
     throw ConfigError(fmt::format("{}: {}", path, what));
@@ -227,9 +229,13 @@ struct DataReader::Impl {
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
       }
-      if (info.channels != opt.channels)
-        throw ConfigError(fmt::format("{}: {} has {} channel{}; model.input {} has {}", at(r), info.describe(),
-                                      info.channels, info.channels == 1 ? "" : "s", input_shape(), opt.channels));
+      const bool converts = opt.convert_channels && (info.channels == 1 || info.channels == 3) &&
+                            (opt.channels == 1 || opt.channels == 3);
+      if (info.channels != opt.channels && !converts)
+        throw ConfigError(fmt::format("{}: {} has {} channel{}; model.input {} has {}{}", at(r), info.describe(),
+                                      info.channels, info.channels == 1 ? "" : "s", input_shape(), opt.channels,
+                                      opt.convert_channels ? " (data.channels converts gray and RGB only)"
+                                                           : "; data.channels converts gray and RGB images"));
       image_info.push_back(info);
     }
     // The file's pixels every image becomes: f x model.input, or (random crops) the one size
@@ -342,12 +348,26 @@ struct DataReader::Impl {
     ImageFile& file = file_of(mask, index);
     const uint64_t before = file.bytes_decoded();
     const int inside_rows = int(r_hi - r_lo), inside_cols = int(c_hi - c_lo);
+    const size_t pixels = size_t(inside_rows) * inside_cols;
     float* dst = out;
     if (inside_rows != rows || inside_cols != cols) {
-      block.resize(size_t(inside_rows) * inside_cols * C);
+      block.resize(pixels * C);
       dst = block.data();
     }
-    file.read(r_lo, c_lo, inside_rows, inside_cols, dst);
+    if (info.channels == C) {
+      file.read(r_lo, c_lo, inside_rows, inside_cols, dst);
+    } else {
+      // data.channels: gray repeated into R, G and B; RGB to gray as ITU-R 601-2 luma (PIL's "L").
+      converted.resize(pixels * size_t(info.channels));
+      file.read(r_lo, c_lo, inside_rows, inside_cols, converted.data());
+      for (size_t p = 0; p < pixels; ++p) {
+        const float* s = converted.data() + p * size_t(info.channels);
+        if (C == 3)
+          dst[3 * p] = dst[3 * p + 1] = dst[3 * p + 2] = s[0];
+        else
+          dst[p] = float(0.299 * double(s[0]) + 0.587 * double(s[1]) + 0.114 * double(s[2]));
+      }
+    }
     bytes_read += file.bytes_decoded() - before;
     if (dst == out) return;
     for (int r = 0; r < inside_rows; ++r)

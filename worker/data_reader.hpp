@@ -37,6 +37,7 @@ struct DataReaderOptions {
   int level = 0;
   bool scale_auto = false;  // data.scale: auto: each image's integer range to [0, 1]
   std::vector<double> mean, std;  // per channel, after the scale: (x - mean) / std
+  bool convert_channels = false;  // data.channels: gray and RGB images become model.input's channels
 };
 
 // Options for a run: model.input, data.images/targets, `classes` = units of the last layer

@@ -11,7 +11,8 @@ file bit for bit:
   (the values libjpeg gives PIL), TIFF tiled and in strips,
   compressed and not, float32 TIFF, DICOM MONOCHROME1/2 with 12 of 16 bits and a rescale,
   JPEG lossless and JPEG 2000 DICOM) on grid 2x2, and under mpirun;
-- RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB;
+- RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB; data.channels converting RGB
+  files to gray (ITU-R 601-2 luma) and gray files to RGB;
 - masks (PNG) and class maps (palette PNG) for a U-Net-like model;
 - data.fit pad (with data.pad_value) and crop, against numpy padding and centre cropping;
 - data.scale: auto, each image's integer range to [0, 1]; data.mean and data.std;
@@ -228,6 +229,20 @@ def main():
     write_h5("rgb.h5", [v for _, v in rgb], np.array([i % 2 for i in range(len(rgb))], dtype=np.int32))
     same_training("RGB PNG, JPEG, TIFF and JPEG-in-TIFF train as their HDF5 twin", config("rgb_csv", "rgb.csv", channels=3),
                   config("rgb_h5", "rgb.h5", channels=3))
+
+    # data.channels: RGB files into a gray model (ITU-R 601-2 luma), gray files into an RGB one.
+    write_csv("to_gray.csv", "image,label", [(n, i % 2) for i, (n, _) in enumerate(rgb)])
+    luma = [(0.299 * d[..., 0] + 0.587 * d[..., 1] + 0.114 * d[..., 2]).astype(np.float32)[..., None]
+            for d in (v.astype(np.float64) for _, v in rgb)]
+    write_h5("to_gray.h5", luma, np.array([i % 2 for i in range(len(rgb))], dtype=np.int32))
+    same_training("data.channels: 1 makes RGB files gray (0.299 R + 0.587 G + 0.114 B)",
+                  config("to_gray_csv", "to_gray.csv", **{"data.channels": 1}), config("to_gray_h5", "to_gray.h5"))
+    four = gray[:4]
+    write_csv("to_rgb.csv", "image,label", [(n, i % 2) for i, (n, _) in enumerate(four)])
+    write_h5("to_rgb.h5", [np.repeat(v[..., None], 3, axis=2) for _, v in four], np.array([0, 1, 0, 1], dtype=np.int32))
+    same_training("data.channels: 3 repeats gray files into R, G and B",
+                  config("to_rgb_csv", "to_rgb.csv", channels=3, **{"data.channels": 3}),
+                  config("to_rgb_h5", "to_rgb.h5", channels=3))
 
     # 3. Masks (BCE) and class maps (softmax over 3 classes, a palette PNG), per pixel.
     seg = [dict(type="conv2d", filters=4, kernel=3, padding="same"), dict(type="relu"),

@@ -354,6 +354,8 @@ TEST(ConfigErrors, DataKeysOfManifests) {
   EXPECT_CONTAINS(error_of(kMinimal, {"data.fit=stretch"}), "data.fit: expected one of error | pad | crop");
   EXPECT_CONTAINS(error_of(kMinimal, {"data.level=-1"}), "data.level");
   EXPECT_CONTAINS(error_of(kMinimal, {"data.scale=sometimes"}), "data.scale: expected a number > 0");
+  EXPECT_CONTAINS(error_of(kMinimal, {"data.channels=3"}),
+                  "data.channels: 3, but model.input has 1: the images become the model's channels");
 }
 
 }  // namespace
