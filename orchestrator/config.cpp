@@ -73,7 +73,8 @@ void read_data(const MapReader& root, LossType loss, DataConfig& d) {
     d.scale_auto = true;
   else
     d.scale = r.get_positive("scale", d.scale);
-  d.fit = r.get_choice("fit", DataFit::Error, {"error", "pad", "crop"}, {DataFit::Error, DataFit::Pad, DataFit::Crop});
+  d.fit = r.get_choice("fit", DataFit::Error, {"error", "pad", "crop", "resize"},
+                       {DataFit::Error, DataFit::Pad, DataFit::Crop, DataFit::Resize});
   d.pad_value = r.get_finite("pad_value", d.pad_value);
   d.level = int(r.get_int("level", d.level, 0, kIntMax));
   d.channels = int(r.get_int("channels", d.channels, 0, kIntMax));

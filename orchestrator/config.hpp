@@ -110,8 +110,9 @@ struct AugmentConfig {
 };
 
 // How a manifest's image of another size becomes model.input's (SPEC section 13): refused,
-// padded at the bottom and right, or cropped at the centre (and padded where smaller).
-enum class DataFit { Error, Pad, Crop };
+// padded at the bottom and right, cropped at the centre (and padded where smaller), or
+// resized as torch's F.interpolate(mode='area') (masks and class maps: mode='nearest').
+enum class DataFit { Error, Pad, Crop, Resize };
 
 struct DataConfig {
   std::string train;  // resolved relative to the working directory

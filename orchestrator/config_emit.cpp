@@ -224,7 +224,8 @@ std::string to_yaml(const Config& c) {
   if (d.scale_auto) out << YAML::Key << "scale" << YAML::Value << "auto";
   else out << YAML::Key << "scale" << YAML::Value << num(d.scale);
   if (d.fit != DataFit::Error)
-    out << YAML::Key << "fit" << YAML::Value << (d.fit == DataFit::Pad ? "pad" : "crop") << YAML::Key << "pad_value"
+    out << YAML::Key << "fit" << YAML::Value
+        << (d.fit == DataFit::Pad ? "pad" : d.fit == DataFit::Crop ? "crop" : "resize") << YAML::Key << "pad_value"
         << YAML::Value << num(d.pad_value);
   if (d.level) out << YAML::Key << "level" << YAML::Value << d.level;
   if (d.channels) out << YAML::Key << "channels" << YAML::Value << d.channels;

@@ -137,6 +137,7 @@ std::string save_checkpoint(const Config& config, const ModelSpec& model, ParamS
   state.config_text = config.text;
   state.model_hash = model_hash(model);
   state.monitors = progress.monitors;
+  state.data_identity = progress.data_identity;
   const int64_t n = int64_t(params.trainable_count());
   const bool adam = config.training.optimizer.type == OptimizerType::Adam;
   auto add_slot = [&](const std::string& name, Tensor& t) {
@@ -351,6 +352,7 @@ TrainingProgress load_checkpoint(const std::string& path, const Config& config, 
   p.epoch = state.epoch;
   p.cursor = state.cursor;
   p.monitors = state.monitors;
+  p.data_identity = state.data_identity;
   return p;
 }
 

@@ -28,6 +28,7 @@ struct TrainingProgress {
   int64_t epoch = 0;   // epoch of the next sample
   int64_t cursor = 0;  // stream position of the next sample (step * batch_size)
   std::string monitors;  // the validation monitors' state (worker/monitors.hpp)
+  std::string data_identity;  // data.train's, when it is a manifest
 };
 
 // Writes run_dir/checkpoints/ckpt-<step>.h5 (or `file_name` there: best.h5) atomically and

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -316,7 +317,7 @@ struct DataReader::Impl {
       f.reset();
       open = -1;
       try {
-        f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt.level, mask);
+        f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt.level, mask, float(opt.pad_value));
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
       }
@@ -339,6 +340,10 @@ struct DataReader::Impl {
       return;
     }
     const ImageInfo& info = (mask ? target_info : image_info)[size_t(index)];
+    if (opt.fit == DataFit::Resize && (info.height != file_h || info.width != file_w)) {
+      read_resized(mask, index, info, row0, col0, rows, cols, C, out);
+      return;
+    }
     const int64_t oy = fit_offset(info.height, file_h), ox = fit_offset(info.width, file_w);
     const int64_t r_lo = std::max<int64_t>(row0 + oy, 0), r_hi = std::min<int64_t>(row0 + rows + oy, info.height);
     const int64_t c_lo = std::max<int64_t>(col0 + ox, 0), c_hi = std::min<int64_t>(col0 + cols + ox, info.width);
@@ -357,16 +362,9 @@ struct DataReader::Impl {
     if (info.channels == C) {
       file.read(r_lo, c_lo, inside_rows, inside_cols, dst);
     } else {
-      // data.channels: gray repeated into R, G and B; RGB to gray as ITU-R 601-2 luma (PIL's "L").
       converted.resize(pixels * size_t(info.channels));
       file.read(r_lo, c_lo, inside_rows, inside_cols, converted.data());
-      for (size_t p = 0; p < pixels; ++p) {
-        const float* s = converted.data() + p * size_t(info.channels);
-        if (C == 3)
-          dst[3 * p] = dst[3 * p + 1] = dst[3 * p + 2] = s[0];
-        else
-          dst[p] = float(0.299 * double(s[0]) + 0.587 * double(s[1]) + 0.114 * double(s[2]));
-      }
+      convert_channels(converted.data(), info.channels, dst, C, pixels);
     }
     bytes_read += file.bytes_decoded() - before;
     if (dst == out) return;
@@ -374,6 +372,68 @@ struct DataReader::Impl {
       std::copy(block.begin() + ptrdiff_t(size_t(r) * inside_cols * C),
                 block.begin() + ptrdiff_t(size_t(r + 1) * inside_cols * C),
                 out + (size_t(r_lo - oy - row0 + r) * cols + size_t(c_lo - ox - col0)) * C);
+  }
+
+  // data.fit: resize. An output pixel i of n (one axis) covers source pixels [i*m/n,
+  // ceil((i+1)*m/n)) of m and is their mean (torch's adaptive average pooling, which
+  // F.interpolate(mode='area') is); a mask takes source pixel floor(i * float(m/n)), as
+  // torch's mode='nearest' computes it in float.
+  static int64_t area_lo(int64_t i, int64_t m, int64_t n) { return i * m / n; }
+  static int64_t area_hi(int64_t i, int64_t m, int64_t n) { return ((i + 1) * m + n - 1) / n; }
+  static int64_t nearest(int64_t i, int64_t m, int64_t n) {
+    const float scale = float(m) / float(n);
+    return std::min<int64_t>(int64_t(std::floor(float(i) * scale)), m - 1);
+  }
+
+  void read_resized(bool mask, int64_t index, const ImageInfo& info, int64_t row0, int64_t col0, int64_t rows,
+                    int64_t cols, int C, float* out) {
+    const int64_t m_r = info.height, m_c = info.width, n_r = file_h, n_c = file_w;
+    const int64_t r_lo = mask ? nearest(row0, m_r, n_r) : area_lo(row0, m_r, n_r);
+    const int64_t r_hi = mask ? nearest(row0 + rows - 1, m_r, n_r) + 1 : area_hi(row0 + rows - 1, m_r, n_r);
+    const int64_t c_lo = mask ? nearest(col0, m_c, n_c) : area_lo(col0, m_c, n_c);
+    const int64_t c_hi = mask ? nearest(col0 + cols - 1, m_c, n_c) + 1 : area_hi(col0 + cols - 1, m_c, n_c);
+    const int64_t src_cols = c_hi - c_lo;
+    block.resize(size_t(r_hi - r_lo) * size_t(src_cols) * C);
+    ImageFile& file = file_of(mask, index);
+    const uint64_t before = file.bytes_decoded();
+    if (info.channels == C) {
+      file.read(r_lo, c_lo, int(r_hi - r_lo), int(src_cols), block.data());
+    } else {
+      converted.resize(size_t(r_hi - r_lo) * size_t(src_cols) * size_t(info.channels));
+      file.read(r_lo, c_lo, int(r_hi - r_lo), int(src_cols), converted.data());
+      convert_channels(converted.data(), info.channels, block.data(), C, size_t(r_hi - r_lo) * size_t(src_cols));
+    }
+    bytes_read += file.bytes_decoded() - before;
+    auto src = [&](int64_t y, int64_t x, int c) {
+      return block[(size_t(y - r_lo) * size_t(src_cols) + size_t(x - c_lo)) * C + c];
+    };
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        for (int c = 0; c < C; ++c) {
+          float v;
+          if (mask) {
+            v = src(nearest(row0 + i, m_r, n_r), nearest(col0 + j, m_c, n_c), c);
+          } else {
+            const int64_t y0 = area_lo(row0 + i, m_r, n_r), y1 = area_hi(row0 + i, m_r, n_r);
+            const int64_t x0 = area_lo(col0 + j, m_c, n_c), x1 = area_hi(col0 + j, m_c, n_c);
+            double sum = 0;
+            for (int64_t y = y0; y < y1; ++y)
+              for (int64_t x = x0; x < x1; ++x) sum += double(src(y, x, c));
+            v = float(sum / double((y1 - y0) * (x1 - x0)));
+          }
+          out[(size_t(i) * size_t(cols) + size_t(j)) * C + c] = v;
+        }
+  }
+
+  // data.channels: gray repeated into R, G and B; RGB to gray as ITU-R 601-2 luma (PIL's "L").
+  static void convert_channels(const float* in, int from, float* out, int to, size_t pixels) {
+    for (size_t p = 0; p < pixels; ++p) {
+      const float* s = in + p * size_t(from);
+      if (to == 3)
+        out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = s[0];
+      else
+        out[p] = float(0.299 * double(s[0]) + 0.587 * double(s[1]) + 0.114 * double(s[2]));
+    }
   }
 
   // data.scale: auto: 1 / the largest value of the image's integer type (1 for floats).
@@ -469,6 +529,7 @@ int DataReader::channels() const { return impl_->opt.channels; }
 int DataReader::view_height() const { return impl_->view_h; }
 int DataReader::view_width() const { return impl_->view_w; }
 uint64_t DataReader::bytes_read() const { return impl_->bytes_read; }
+std::string DataReader::identity() const { return impl_->manifest ? manifest_identity(*impl_->manifest) : ""; }
 
 void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view) {
   h5::quiet();

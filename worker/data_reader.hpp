@@ -76,6 +76,8 @@ class DataReader {
   int view_height() const;  // the file's image after downsampling: where crops may lie
   int view_width() const;
   uint64_t bytes_read() const;  // pixels and mask values read from the file so far, as float32
+  // A manifest's identity (worker/manifest.hpp manifest_identity); "" for an HDF5 file.
+  std::string identity() const;
 
   // Writes image `index`'s pixels in `rect` (rows/cols of the view, model.input-sized) to
   // `out` as [C][rows][cols] float, multiplied by `scale` (with data.scale: auto, by the

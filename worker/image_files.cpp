@@ -12,6 +12,7 @@
 #include <gdcmImageReader.h>
 #include <gdcmReader.h>
 #include <gdcmTrace.h>
+#include <openslide/openslide.h>
 
 #include <algorithm>
 #include <csetjmp>
@@ -33,6 +34,7 @@ const char* to_string(ImageFormat f) {
     case ImageFormat::JPEG: return "JPEG";
     case ImageFormat::TIFF: return "TIFF";
     case ImageFormat::DICOM: return "DICOM";
+    case ImageFormat::Slide: return "slide";
   }
   return "?";
 }
@@ -40,6 +42,7 @@ const char* to_string(ImageFormat f) {
 std::string ImageInfo::describe() const {
   std::string s = fmt::format("{} {}x{}, {} channel{}, ", to_string(format), width, height, channels,
                               channels == 1 ? "" : "s");
+  if (format == ImageFormat::Slide) return s + fmt::format("{} (OpenSlide)", vendor);
   if (floating) return s + "float32";
   if (format == ImageFormat::DICOM) {
     s += fmt::format("{} of {} bits{}", bits_stored, bits, is_signed ? " signed" : "");
@@ -312,6 +315,42 @@ TiffPtr open_tiff(const std::string& path, int level, ImageInfo* out) {
   return t;
 }
 
+// --- Whole-slide images (OpenSlide) ---------------------------------------------------
+
+struct SlideCloser {
+  void operator()(openslide_t* s) const {
+    if (s) openslide_close(s);
+  }
+};
+using SlidePtr = std::unique_ptr<openslide_t, SlideCloser>;
+
+// A vendor OpenSlide reads better than libtiff (JPEG 2000 SVS, NDPI over 4 GB, MRXS); a
+// plain tiled TIFF ("generic-tiff") stays with libtiff.
+std::string slide_vendor(const std::string& path) {
+  const char* vendor = openslide_detect_vendor(path.c_str());
+  return vendor && std::strcmp(vendor, "generic-tiff") != 0 ? vendor : "";
+}
+
+SlidePtr open_slide(const std::string& path, int level, ImageInfo* out) {
+  SlidePtr s(openslide_open(path.c_str()));
+  if (!s) fail(path, "OpenSlide cannot open it");
+  if (const char* e = openslide_get_error(s.get())) fail(path, fmt::format("OpenSlide: {}", e));
+  const int32_t levels = openslide_get_level_count(s.get());
+  if (level >= levels)
+    fail(path, fmt::format("data.level {} asks for pyramid level {}, but the slide has {} (levels 0 to {})", level,
+                           level, levels, levels - 1));
+  int64_t w = 0, h = 0;
+  openslide_get_level_dimensions(s.get(), level, &w, &h);
+  check_size(path, h, w, 3);
+  out->format = ImageFormat::Slide;
+  out->height = int(h);
+  out->width = int(w);
+  out->channels = 3;
+  out->bits = 8;
+  out->vendor = slide_vendor(path);
+  return s;
+}
+
 // --- DICOM (GDCM) ---------------------------------------------------------------------
 
 template <uint16_t G, uint16_t E>
@@ -421,6 +460,12 @@ ImageInfo probe_dicom(const std::string& path) {
 }  // namespace
 
 ImageInfo probe_image(const std::string& path, int level, bool indices) {
+  std::error_code ec;
+  if (fs::exists(path, ec) && !slide_vendor(path).empty()) {
+    ImageInfo info;
+    open_slide(path, level, &info);
+    return info;
+  }
   const ImageFormat format = sniff(path);
   if (format != ImageFormat::TIFF && level > 0)
     fail(path, fmt::format("data.level {} asks for a pyramid level; a {} file has one level", level, to_string(format)));
@@ -447,6 +492,7 @@ ImageInfo probe_image(const std::string& path, int level, bool indices) {
       return info;
     }
     case ImageFormat::DICOM: return probe_dicom(path);
+    case ImageFormat::Slide: break;  // by vendor, above
   }
   fail(path, "unknown format");
 }
@@ -463,6 +509,10 @@ struct ImageFile::Impl {
   std::vector<uint8_t> row_bytes;  // one row (streamed) or the whole image (interlaced)
   // TIFF
   TiffPtr tiff;
+  // slides
+  SlidePtr slide;
+  float transparent = 0.f;
+  std::vector<uint32_t> argb;
   // DICOM, and interlaced PNG: the whole image, decoded once, as float HWC
   std::vector<float> whole;
 
@@ -610,6 +660,25 @@ struct ImageFile::Impl {
     chunks = std::move(kept);
   }
 
+  // OpenSlide's region, premultiplied ARGB, as RGB (un-premultiplied as openslide-python
+  // does; a transparent pixel reads as `transparent`). Its coordinates are level 0's.
+  void read_slide(int64_t row0, int64_t col0, int rows, int cols, float* out) {
+    const double ds = openslide_get_level_downsample(slide.get(), level);
+    argb.resize(size_t(rows) * size_t(cols));
+    openslide_read_region(slide.get(), argb.data(), int64_t(std::llround(double(col0) * ds)),
+                          int64_t(std::llround(double(row0) * ds)), level, cols, rows);
+    if (const char* e = openslide_get_error(slide.get())) fail(path, fmt::format("OpenSlide: {}", e));
+    for (size_t p = 0; p < argb.size(); ++p) {
+      const uint32_t v = argb[p];
+      const uint32_t a = v >> 24;
+      for (int c = 0; c < 3; ++c) {
+        const uint32_t x = (v >> (16 - 8 * c)) & 0xff;
+        out[3 * p + size_t(c)] = a == 0 ? transparent : a == 255 ? float(x) : float((x * 255 + a / 2) / a);
+      }
+    }
+    decoded += uint64_t(argb.size()) * 3 * sizeof(float);
+  }
+
   void read_dicom(int64_t row0, int64_t col0, int rows, int cols, float* out) {
     if (whole.empty()) {
       quiet_gdcm();
@@ -658,13 +727,18 @@ struct ImageFile::Impl {
   }
 };
 
-ImageFile::ImageFile(const std::string& path, int level, bool indices) : impl_(std::make_unique<Impl>()) {
+ImageFile::ImageFile(const std::string& path, int level, bool indices, float transparent)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = path;
   m.level = level;
   m.indices = indices;
+  m.transparent = transparent;
   m.info = probe_image(path, level, indices);
-  if (m.info.format == ImageFormat::PNG) {
+  if (m.info.format == ImageFormat::Slide) {
+    ImageInfo again;
+    m.slide = open_slide(path, level, &again);
+  } else if (m.info.format == ImageFormat::PNG) {
     m.png = std::make_unique<PngReader>();
     m.png->path = path;
   } else if (m.info.format == ImageFormat::JPEG) {
@@ -691,6 +765,7 @@ void ImageFile::read(int64_t row0, int64_t col0, int rows, int cols, float* out)
     case ImageFormat::JPEG: m.read_jpeg(row0, col0, rows, cols, out); break;
     case ImageFormat::TIFF: m.read_tiff(row0, col0, rows, cols, out); break;
     case ImageFormat::DICOM: m.read_dicom(row0, col0, rows, cols, out); break;
+    case ImageFormat::Slide: m.read_slide(row0, col0, rows, cols, out); break;
   }
 }
 

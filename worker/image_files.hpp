@@ -1,5 +1,7 @@
-// Image files read in place (SPEC section 13): PNG, JPEG, TIFF and BigTIFF, DICOM, by their
-// content, through the libraries Debian ships (libpng, libjpeg, libtiff, GDCM). A reader returns a
+// Image files read in place (SPEC section 13): PNG, JPEG, TIFF and BigTIFF, DICOM and
+// whole-slide images, by their content, through the libraries Debian ships (libpng,
+// libjpeg, libtiff, GDCM, OpenSlide: a file OpenSlide knows by its vendor goes to it first,
+// a plain tiled TIFF to libtiff). A reader returns a
 // block of rows and columns as float, channels last, in the file's own values: DICOM's
 // MONOCHROME1 and Presentation LUT Shape INVERSE inverted on the stored values, then its
 // rescale slope and intercept applied; nothing else (no VOI LUT, no gamma).
@@ -12,8 +14,8 @@
 
 namespace ht {
 
-enum class ImageFormat { PNG, JPEG, TIFF, DICOM };
-const char* to_string(ImageFormat f);  // "PNG", "JPEG", "TIFF", "DICOM"
+enum class ImageFormat { PNG, JPEG, TIFF, DICOM, Slide };
+const char* to_string(ImageFormat f);  // "PNG", "JPEG", "TIFF", "DICOM", "slide"
 
 // What a file's header says, read without its pixels.
 struct ImageInfo {
@@ -27,6 +29,7 @@ struct ImageInfo {
   bool is_signed = false;
   bool invert = false;
   double slope = 1, intercept = 0;
+  std::string vendor;  // a slide's, as OpenSlide names it ("aperio", "hamamatsu", ...)
   std::string describe() const;  // "DICOM 3328x2560, 1 channel, 12 of 16 bits, MONOCHROME1"
   // The largest value a sample can take, for data.scale: auto (1 for floats).
   double full_scale() const;
@@ -41,7 +44,8 @@ ImageInfo probe_image(const std::string& path, int level = 0, bool indices = fal
 // One open image file. Not shareable between threads.
 class ImageFile {
  public:
-  ImageFile(const std::string& path, int level = 0, bool indices = false);
+  // `transparent`: the value a slide's transparent pixels read as (data.pad_value).
+  ImageFile(const std::string& path, int level = 0, bool indices = false, float transparent = 0.f);
   ~ImageFile();
   const ImageInfo& info() const;
   // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of the image, inside it, as

@@ -105,10 +105,12 @@ struct Hasher {
     sha.update(s.rng_state.data(), s.rng_state.size());
     u64(s.config_text.size());
     sha.update(s.config_text.data(), s.config_text.size());
-    if (!s.monitors.empty()) {
-      str0("monitors");
-      u64(s.monitors.size());
-      sha.update(s.monitors.data(), s.monitors.size());
+    for (const auto& [name, text] : {std::pair<const char*, const std::string&>{"monitors", s.monitors},
+                                      {"data_identity", s.data_identity}}) {
+      if (text.empty()) continue;
+      str0(name);
+      u64(text.size());
+      sha.update(text.data(), text.size());
     }
   }
   std::string result() { return "sha256:" + sha.hex(); }
@@ -215,6 +217,7 @@ void write_checkpoint(const std::string& path, const std::vector<KerasLayerWeigh
       h5::write_attr_string(ht, "model_hash", state.model_hash);
       h5::write_string_dataset(ht, "config_text", state.config_text);
       if (!state.monitors.empty()) h5::write_string_dataset(ht, "monitors", state.monitors);
+      if (!state.data_identity.empty()) h5::write_string_dataset(ht, "data_identity", state.data_identity);
       h5::write_dataset(ht, "rng_state", {int64_t(state.rng_state.size())},
                         reinterpret_cast<const uint8_t*>(state.rng_state.data()));
       hash.state(state);
@@ -426,6 +429,7 @@ HalotrainState KerasWeightsFile::read_state() const {
     s.model_hash = h5::read_attr_string(ht, "model_hash");
     s.config_text = h5::read_string_dataset(ht, "config_text");
     if (h5::is_dataset(ht, "monitors")) s.monitors = h5::read_string_dataset(ht, "monitors");
+    if (h5::is_dataset(ht, "data_identity")) s.data_identity = h5::read_string_dataset(ht, "data_identity");
     h5::Hid rng = h5::open_dataset(ht, "rng_state");
     s.rng_state.resize(size_t(h5::element_count(h5::dataset_shape(rng))));
     h5::read_dataset(rng, reinterpret_cast<uint8_t*>(s.rng_state.data()), int64_t(s.rng_state.size()));
@@ -538,6 +542,7 @@ int inspect_file(const std::string& path, std::ostream& out) {
                      s.config_text.size(), s.rng_state.size());
   out << fmt::format("  slots: {} ({} values)\n", s.slots.size(), slot_values);
   if (!s.monitors.empty()) out << fmt::format("  monitors: {}\n", s.monitors);
+  if (!s.data_identity.empty()) out << fmt::format("  data identity: {} bytes (a manifest's rows and files)\n", s.data_identity.size());
   bool ok = f.verify_checksum();
   out << fmt::format("  checksum: {} ({})\n", ok ? "OK" : "FAILED", f.stored_checksum());
   return ok ? 0 : 1;

@@ -40,6 +40,8 @@ struct HalotrainState {
   std::vector<HalotrainSlot> slots;
   // The validation monitors' state as JSON (worker/monitors.hpp); "" when the run has none.
   std::string monitors;
+  // data.train's identity when it is a manifest (worker/manifest.hpp); "" otherwise.
+  std::string data_identity;
 };
 
 // Writes a checkpoint: root attributes layer_names / backend="tensorflow" /
@@ -55,7 +57,7 @@ struct HalotrainState {
 // "<layer>/<stored weight name>" or "slots/<name>"; then "halotrain\0" + step, epoch,
 // cursor, format_version (i64 LE) + model_hash + "\0" + len (u64 LE) + rng_state +
 // len (u64 LE) + config_text; then, when the dataset `monitors` (string) is present,
-// "monitors\0" + len (u64 LE) + its text.
+// "monitors\0" + len (u64 LE) + its text; the same for `data_identity`.
 //
 // Crash-safe: written to `path.tmp-<pid>`, fsynced, renamed onto `path`, directory
 // fsynced. On any error the temp file is removed and std::runtime_error names `path`

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -56,6 +59,66 @@ bool split_record(const std::string& line, std::vector<std::string>& fields) {
 }
 
 }  // namespace
+
+namespace {
+
+nlohmann::json file_identity(const std::string& path) {
+  std::error_code ec;
+  const auto bytes = fs::file_size(path, ec);
+  const auto time = fs::last_write_time(path, ec);
+  return {{"path", path},
+          {"bytes", ec ? -1 : int64_t(bytes)},
+          {"mtime_ns", ec ? 0 : int64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(time.time_since_epoch()).count())}};
+}
+
+}  // namespace
+
+std::string manifest_identity(const Manifest& m) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ManifestRow& r : m.rows) {
+    nlohmann::json row = {{"line", r.line}, {"image", file_identity(r.image)}};
+    if (m.targets == Manifest::Targets::Labels) row["label"] = r.label;
+    if (!r.target.empty()) row["target"] = file_identity(r.target);
+    rows.push_back(std::move(row));
+  }
+  return nlohmann::json{{"manifest", m.path}, {"rows", rows}}.dump();
+}
+
+std::string manifest_changes(const std::string& before_text, const std::string& now_text) {
+  if (before_text == now_text) return "";
+  const nlohmann::json before = nlohmann::json::parse(before_text, nullptr, false);
+  const nlohmann::json now = nlohmann::json::parse(now_text, nullptr, false);
+  if (!before.is_object() || !now.is_object() || !before.contains("rows") || !now.contains("rows"))
+    return before_text.empty() ? "the checkpoint's data was an HDF5 file" : "the data is no longer a manifest";
+  std::vector<std::string> changes;
+  const auto& a = before["rows"];
+  const auto& b = now["rows"];
+  auto file_change = [](const nlohmann::json& x, const nlohmann::json& y) -> std::string {
+    if (x.value("path", "") != y.value("path", ""))
+      return fmt::format("{} is now {}", x.value("path", "?"), y.value("path", "?"));
+    if (x.value("bytes", int64_t(0)) != y.value("bytes", int64_t(0)))
+      return fmt::format("{}: {} -> {} bytes", y.value("path", "?"), x.value("bytes", int64_t(0)),
+                         y.value("bytes", int64_t(0)));
+    if (x.value("mtime_ns", int64_t(0)) != y.value("mtime_ns", int64_t(0)))
+      return fmt::format("{}: modified since", y.value("path", "?"));
+    return "";
+  };
+  for (size_t i = 0; i < std::min(a.size(), b.size()) && changes.size() < 3; ++i) {
+    const int line = b[i].value("line", 0);
+    if (std::string c = file_change(a[i]["image"], b[i]["image"]); !c.empty())
+      changes.push_back(fmt::format("line {}: {}", line, c));
+    else if (a[i].value("label", int64_t(-1)) != b[i].value("label", int64_t(-1)))
+      changes.push_back(fmt::format("line {}: label {} -> {}", line, a[i].value("label", int64_t(-1)),
+                                    b[i].value("label", int64_t(-1))));
+    else if (a[i].contains("target") && b[i].contains("target"))
+      if (std::string t = file_change(a[i]["target"], b[i]["target"]); !t.empty())
+        changes.push_back(fmt::format("line {}: {}", line, t));
+  }
+  if (b.size() > a.size()) changes.push_back(fmt::format("{} rows added", b.size() - a.size()));
+  if (b.size() < a.size()) changes.push_back(fmt::format("{} rows removed", a.size() - b.size()));
+  if (changes.empty()) changes.push_back("its rows differ");
+  return fmt::format("{}", fmt::join(changes, "; "));
+}
 
 Manifest read_manifest(const std::string& path, const std::string& key) {
   Manifest m;

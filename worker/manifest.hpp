@@ -25,6 +25,13 @@ struct Manifest {
   std::vector<ManifestRow> rows;
 };
 
+// What a resumed run must find unchanged (SPEC section 13): every row and each of its files'
+// size and modification time, as JSON.
+std::string manifest_identity(const Manifest& manifest);
+// "" when `now` is `before`, else what changed, in a user's words ("line 4: b.dcm: 123 ->
+// 456 bytes", "2 rows added at the end"), at most a few items.
+std::string manifest_changes(const std::string& before, const std::string& now);
+
 // Reads `path`; `key` (data.train, ...) for messages. ConfigError naming the file, the line
 // and the column for a missing file, no header, no `image` column, two target columns, a
 // row with too few fields, a label that is not an integer, an empty path.

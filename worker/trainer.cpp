@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "worker/log.hpp"
+#include "worker/manifest.hpp"
 #include "worker/run_report.hpp"
 #include "worker/signals.hpp"
 
@@ -73,10 +74,18 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
     const TrainingProgress p =
         load_checkpoint(resume, config, plan_.model, *params_, optimizer_, *backend_, rank == 0);
     start_step_ = p.step;
+    resumed_data_ = p.data_identity;
     monitors_.load(p.monitors, resume);
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
   data_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_);
+  // A manifest edited since the checkpoint would resume into other data (SPEC section 13).
+  data_identity_ = data_->reader().identity();
+  if (!resume.empty() && (!resumed_data_.empty() || !data_identity_.empty()))
+    if (const std::string changed = manifest_changes(resumed_data_, data_identity_); !changed.empty())
+      throw ConfigError(fmt::format("resume: data.train {} is not the data {} was trained on ({}); restore it, or "
+                                    "start a new run (a new run_dir, or checkpoint.resume: never)",
+                                    config.data.train, resume, changed));
   if (!config.data.validation.empty())
     validation_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_, DataPurpose::Evaluate,
                                                 config.data.validation);
@@ -513,7 +522,7 @@ void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, b
 
 TrainingProgress Trainer::progress(int64_t steps_done) const {
   return {steps_done, data_->epoch_of_step(steps_done), steps_done * config_.training.batch_size,
-          monitors_.save()};
+          monitors_.save(), data_identity_};
 }
 
 bool Trainer::after_validation(const MetricValues& val, int64_t steps_done) {

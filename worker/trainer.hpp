@@ -109,6 +109,7 @@ class Trainer {
   std::map<std::string, double> collective_seconds_;  // per layer kind, of the layers recycled so far
   std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;
+  std::string resumed_data_, data_identity_;  // data.train's identity: the checkpoint's, and now
   struct Reporter;
   std::unique_ptr<Reporter> reporter_;
 };

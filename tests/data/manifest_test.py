@@ -2,7 +2,7 @@
 """Data read in place from a CSV manifest of image files (SPEC section 13), end to end.
 
 Files are written by Debian's python3-pil, python3-tifffile and python3-pydicom (and
-gdcmconv for the compressed DICOM transfer syntaxes); the values they hold are computed
+gdcmconv for the compressed DICOM transfer syntaxes; python3-openslide checks the slides); the values they hold are computed
 here with numpy (DICOM: MONOCHROME1 inverted on the stored bits, then the rescale) and
 written to an HDF5 file too. Training from the manifest equals training from that HDF5
 file bit for bit:
@@ -11,12 +11,16 @@ file bit for bit:
   (the values libjpeg gives PIL), TIFF tiled and in strips,
   compressed and not, float32 TIFF, DICOM MONOCHROME1/2 with 12 of 16 bits and a rescale,
   JPEG lossless and JPEG 2000 DICOM) on grid 2x2, and under mpirun;
+- whole-slide images (Aperio-style pyramids) through OpenSlide at data.level 0 and 1;
 - RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB; data.channels converting RGB
   files to gray (ITU-R 601-2 luma) and gray files to RGB;
 - masks (PNG) and class maps (palette PNG) for a U-Net-like model;
-- data.fit pad (with data.pad_value) and crop, against numpy padding and centre cropping;
+- data.fit pad (with data.pad_value), crop and resize, against numpy padding, centre
+  cropping and torch's area / nearest interpolation written out with numpy;
 - data.scale: auto, each image's integer range to [0, 1]; data.mean and data.std;
-- evaluate --data and predict --input from a manifest equal the same from the HDF5 file.
+- evaluate --data and predict --input from a manifest equal the same from the HDF5 file;
+- a resume over an edited manifest (a file rewritten, rows added) is refused naming what
+  changed; over the same one it goes on.
 
 Bad input exits 1 with one message naming the CSV line and the file: a missing image, a
 file that is no image, a corrupt PNG, a label out of range, a mask of another size than its
@@ -244,6 +248,41 @@ def main():
                   config("to_rgb_csv", "to_rgb.csv", channels=3, **{"data.channels": 3}),
                   config("to_rgb_h5", "to_rgb.h5", channels=3))
 
+    # Whole-slide images: Aperio-style pyramids (tiled, the description OpenSlide knows them
+    # by) read through OpenSlide, level 0 and level 1 (data.level).
+    slides = []
+    for i in range(4):
+        a = rng.integers(0, 256, (2 * H, 2 * W, 3)).astype(np.uint8)
+        half = rng.integers(0, 256, (H, W, 3)).astype(np.uint8)  # a level of its own, not a downscale
+        with tifffile.TiffWriter(path(f"slide{i}.svs")) as w:
+            w.write(a, tile=(16, 16), photometric="rgb", compression="zlib", metadata=None,
+                    description=f"Aperio Image Library v11.2.1 \r\n{2 * W}x{2 * H} [0,0 {2 * W}x{2 * H}] (16x16) RAW|MPP = 0.5")
+            w.write(half, tile=(16, 16), photometric="rgb", compression="zlib", metadata=None, subfiletype=1,
+                    description="Aperio Image Library v11.2.1 \r\n")
+        slides.append((f"slide{i}.svs", a, half))
+    import openslide
+    check("the test's slides are Aperio slides to OpenSlide",
+          openslide.OpenSlide.detect_format(path("slide0.svs")) == "aperio")
+    write_csv("slides.csv", "image,label", [(n, i % 2) for i, (n, _, _) in enumerate(slides)])
+    write_h5("slides1.h5", [h.astype(np.float32) for _, _, h in slides], np.array([0, 1, 0, 1], dtype=np.int32))
+    same_training("slides through OpenSlide at data.level 1 train as their HDF5 twin",
+                  config("slides_csv", "slides.csv", channels=3, **{"data.level": 1}),
+                  config("slides_h5", "slides1.h5", channels=3))
+    write_h5("slides0.h5", [a.astype(np.float32) for _, a, _ in slides], np.array([0, 1, 0, 1], dtype=np.int32))
+    big = config("slides0_csv", "slides.csv", channels=3)
+    with open(big) as f:
+        c = json.load(f)
+    c["model"]["input"] = [2 * H, 2 * W, 3]
+    with open(big, "w") as f:
+        json.dump(c, f)
+    big_h5 = config("slides0_h5", "slides0.h5", channels=3)
+    with open(big_h5) as f:
+        c = json.load(f)
+    c["model"]["input"] = [2 * H, 2 * W, 3]
+    with open(big_h5, "w") as f:
+        json.dump(c, f)
+    same_training("and at level 0", big, big_h5)
+
     # 3. Masks (BCE) and class maps (softmax over 3 classes, a palette PNG), per pixel.
     seg = [dict(type="conv2d", filters=4, kernel=3, padding="same"), dict(type="relu"),
            dict(type="conv2d", filters=1, kernel=3, padding="same")]
@@ -300,6 +339,43 @@ def main():
     same_training("data.fit: crop (at the centre) trains as numpy's crop",
                   config("crop_csv", "crop.csv", **{"data.fit": "crop"}), config("crop_h5", "crop.h5"))
     by_name = dict(gray)
+    # data.fit: resize, as torch's F.interpolate: mode 'area' for images (each output pixel the
+    # mean of source pixels [i*m//n, ceil((i+1)*m/n)), summed row by row in float64 as the
+    # reader does), 'nearest' for masks (source floor(i * float32(m/n))).
+    def area(a, n_r, n_c):
+        m_r, m_c = a.shape
+        out = np.zeros((n_r, n_c), np.float32)
+        for i in range(n_r):
+            for j in range(n_c):
+                y0, y1 = i * m_r // n_r, -(-(i + 1) * m_r // n_r)
+                x0, x1 = j * m_c // n_c, -(-(j + 1) * m_c // n_c)
+                total = 0.0
+                for y in range(y0, y1):
+                    for x in range(x0, x1):
+                        total += float(a[y, x])
+                out[i, j] = np.float32(total / ((y1 - y0) * (x1 - x0)))
+        return out
+
+    def nearest(a, n_r, n_c):
+        idx = lambda n, m: np.minimum(np.floor(np.arange(n, dtype=np.float32) * (np.float32(m) / np.float32(n))),
+                                      m - 1).astype(np.int64)
+        return a[idx(n_r, a.shape[0])][:, idx(n_c, a.shape[1])]
+
+    resized_imgs, resized_masks, rows = [], [], []
+    for i, (h, w) in enumerate([(H, W), (57, 45), (29, 23), (83, 31)]):
+        a = rng.integers(0, 256, (h, w)).astype(np.uint8)
+        mk = (rng.uniform(0, 1, (h, w)) > 0.6).astype(np.uint8)
+        PIL.Image.fromarray(a).save(path(f"resize{i}.png"))
+        PIL.Image.fromarray(mk).save(path(f"resize{i}-mask.png"))
+        resized_imgs.append(area(a.astype(np.float32), H, W)[..., None])
+        resized_masks.append(nearest(mk, H, W)[..., None])
+        rows.append((f"resize{i}.png", f"resize{i}-mask.png"))
+    write_csv("resize.csv", "image,mask", rows)
+    write_h5("resize.h5", resized_imgs, np.stack(resized_masks), kind="masks")
+    same_training("data.fit: resize: images by area, masks by nearest (larger and smaller ones)",
+                  config("resize_csv", "resize.csv", layers=seg, loss="sigmoid_bce", **{"data.fit": "resize"}),
+                  config("resize_h5", "resize.h5", layers=seg, loss="sigmoid_bce"))
+
     mixed = [(n, by_name[n]) for n in ("g8.png", "g16.png", "strips.tif", "tiled.tif")]  # 8-bit and 16-bit files
     write_csv("auto.csv", "image,label", [(n, i % 2) for i, (n, _) in enumerate(mixed)])
     scaled = [(v * np.float32(1.0 / (255.0 if n in ("g8.png", "strips.tif") else 65535.0)))[..., None]
@@ -340,6 +416,30 @@ def main():
                 np.asarray(h5py.File(oa, "r")["predictions"]), np.asarray(h5py.File(ob, "r")["predictions"]))
             check("predict --input from the manifest writes what it writes from the HDF5 file", same,
                   (a.stderr + b.stderr)[-1500:])
+
+    # 5b. A resume finds the manifest as the checkpoint left it, or says what changed.
+    for n in ("g8.png", "tiled.tif"):
+        shutil.copy(path(n), path(f"again-{n}"))
+    write_csv("again.csv", "image,label", [("again-g8.png", 0), ("again-tiled.tif", 1)] * 2)
+    cfg = config("again", "again.csv", **{"checkpoint.resume": "auto", "checkpoint.every_steps": 1,
+                                          "training.steps": 2})
+    first = train(cfg)
+    with open(cfg) as f:
+        c = json.load(f)
+    c["training"]["steps"] = 3
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    same = train(cfg)
+    check("a resume over the same manifest goes on", first.returncode == 0 and same.returncode == 0,
+          (first.stderr + same.stderr)[-1500:])
+    c["training"]["steps"] = 4
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    tifffile.imwrite(path("again-tiled.tif"), np.zeros((H, W), np.uint16), tile=(16, 16))
+    refused("a resume over an edited manifest file: refused, naming the line and what changed", cfg,
+            "is not the data", "line 3: ", "again-tiled.tif", "bytes")
+    write_csv("again.csv", "image,label", [("again-g8.png", 0), ("again-tiled.tif", 1)] * 3)
+    refused("a resume over a manifest with rows added: refused", cfg, "is not the data", "2 rows added")
 
     # 6. Bad input: one message naming the CSV line and the file, exit 1.
     write_csv("missing.csv", "image,label", [("g8.png", 0), ("nowhere.png", 1)])
