@@ -19,6 +19,7 @@
 #include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"
+#include "worker/convert_data.hpp"
 #include "worker/inference.hpp"
 #include "importer/keras_import.hpp"
 #include "worker/keras_h5.hpp"
@@ -250,6 +251,12 @@ int run(int argc, char** argv) {
                      "(gray images into an RGB model), repeated and scaled otherwise")
       ->check(CLI::PositiveNumber);
 
+  std::string convert_out;
+  auto* convert = app.add_subcommand("convert-data", "data.train (a CSV manifest) as an HDF5 file, after data.fit");
+  convert->add_option("CONFIG", config_path, "config whose data.train is a manifest")->required();
+  convert->add_option("OUT", convert_out, "output .h5 file")->required();
+  convert->add_option("--set", sets, "override a config key");
+
   std::string file;
   auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
   inspect->add_option("FILE", file, ".h5 file")->required();
@@ -286,6 +293,10 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (*inspect) return inspect_file(file, std::cout);
+  if (*convert) {
+    convert_data(load_config(config_path, sets), convert_out, std::cout);
+    return 0;
+  }
   if (*import) {
     ImportOptions options;
     if (!input_size.empty()) {

@@ -531,6 +531,21 @@ int DataReader::view_width() const { return impl_->view_w; }
 uint64_t DataReader::bytes_read() const { return impl_->bytes_read; }
 std::string DataReader::identity() const { return impl_->manifest ? manifest_identity(*impl_->manifest) : ""; }
 
+int DataReader::integer_bits() const {
+  const Impl& m = *impl_;
+  if (!m.manifest) return 0;
+  int bits = 8;
+  for (const ImageInfo& info : m.image_info) {
+    if (info.floating || (info.channels == 3 && m.opt.channels == 1)) return 0;
+    if (info.format == ImageFormat::DICOM && (info.slope != 1 || info.intercept != 0 || info.is_signed)) return 0;
+    if (m.opt.fit == DataFit::Resize && (info.height != m.file_h || info.width != m.file_w)) return 0;
+    bits = std::max(bits, (info.format == ImageFormat::DICOM ? info.bits_stored : info.bits) > 8 ? 16 : 8);
+  }
+  const double pad = m.opt.pad_value, top = bits == 8 ? 255.0 : 65535.0;
+  if (m.opt.fit != DataFit::Error && (pad != std::floor(pad) || pad < 0 || pad > top)) return 0;
+  return bits;
+}
+
 void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view) {
   h5::quiet();
   Impl& m = *impl_;

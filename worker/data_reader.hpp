@@ -78,6 +78,10 @@ class DataReader {
   uint64_t bytes_read() const;  // pixels and mask values read from the file so far, as float32
   // A manifest's identity (worker/manifest.hpp manifest_identity); "" for an HDF5 file.
   std::string identity() const;
+  // A manifest whose images read as integers (before data.scale): the bits that hold every
+  // value, 8 or 16; 0 when some value may not be such an integer (floats, a DICOM rescale,
+  // RGB made gray, data.fit: resize, a fractional pad value), or for an HDF5 file.
+  int integer_bits() const;
 
   // Writes image `index`'s pixels in `rect` (rows/cols of the view, model.input-sized) to
   // `out` as [C][rows][cols] float, multiplied by `scale` (with data.scale: auto, by the

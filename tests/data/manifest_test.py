@@ -19,6 +19,8 @@ file bit for bit:
   cropping and torch's area / nearest interpolation written out with numpy;
 - data.scale: auto, each image's integer range to [0, 1]; data.mean and data.std;
 - evaluate --data and predict --input from a manifest equal the same from the HDF5 file;
+- convert-data writes the manifest as an HDF5 file (after data.fit; uint8/uint16 kept,
+  float32 otherwise) that trains as the manifest does;
 - a resume over an edited manifest (a file rewritten, rows added) is refused naming what
   changed; over the same one it goes on.
 
@@ -177,13 +179,16 @@ def datasets(ckpt):
     out = {}
     with h5py.File(ckpt, "r") as f:
         def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and not name.startswith("halotrain/config"):
+            # The config and the data's identity name the files; the rest must be equal.
+            if isinstance(obj, h5py.Dataset) and name not in ("halotrain/config_text", "halotrain/data_identity"):
                 out[name] = np.asarray(obj)
         f.visititems(visit)
     return out
 
 
 def same_training(title, csv_cfg, h5_cfg, mpi=0):
+    for cfg in (csv_cfg, h5_cfg):  # run_dir is runs/<the config's name>
+        shutil.rmtree(path(f"runs/{os.path.basename(cfg)[:-5]}"), ignore_errors=True)
     a, b = train(h5_cfg, mpi), train(csv_cfg, mpi)
     ok = a.returncode == 0 and b.returncode == 0
     diff = []
@@ -416,6 +421,39 @@ def main():
                 np.asarray(h5py.File(oa, "r")["predictions"]), np.asarray(h5py.File(ob, "r")["predictions"]))
             check("predict --input from the manifest writes what it writes from the HDF5 file", same,
                   (a.stderr + b.stderr)[-1500:])
+
+    # 5a. convert-data: the manifest as an HDF5 file, after data.fit; integers kept.
+    def convert(cfg, out):
+        return subprocess.run([BIN, "convert-data", cfg, path(out)], capture_output=True, text=True, timeout=300)
+    r = convert(path("pad_csv.yaml"), "pad-converted.h5")
+    ok = r.returncode == 0 and os.path.exists(path("pad-converted.h5"))
+    if ok:
+        with h5py.File(path("pad-converted.h5"), "r") as f:
+            got, dtype, labels_got = np.asarray(f["images"], np.float32), f["images"].dtype, np.asarray(f["labels"])
+        ok = dtype == np.uint16 and np.array_equal(got, np.stack(padded)) and list(labels_got) == [0, 1, 0, 1]
+    check("convert-data writes the padded 16-bit TIFFs as uint16 equal to numpy's padding, and their labels", ok,
+          (r.stdout + r.stderr)[-1500:])
+    c = json.load(open(path("pad_csv.yaml")))
+    c["data"] = dict(train=path("pad-converted.h5"), scale=c["data"]["scale"])
+    c["run_dir"] = path("runs/pad_converted")
+    with open(path("pad_converted.yaml"), "w") as f:
+        json.dump(c, f)
+    same_training("training from the converted file equals training from the manifest", path("pad_converted.yaml"),
+                  path("pad_csv.yaml"))
+    r = convert(path("gray_csv.yaml"), "gray-converted.h5")
+    ok = r.returncode == 0
+    if ok:
+        with h5py.File(path("gray-converted.h5"), "r") as f:
+            ok = f["images"].dtype == np.float32 and np.array_equal(np.asarray(f["images"]),
+                                                                    np.stack([v[..., None] for _, v in gray]))
+    check("convert-data of every format (floats, DICOM rescaled) writes float32 equal to the decoded values", ok,
+          (r.stdout + r.stderr)[-1500:])
+    r = convert(path("seg_csv.yaml"), "seg-converted.h5")
+    ok = r.returncode == 0
+    if ok:
+        with h5py.File(path("seg-converted.h5"), "r") as f:
+            ok = f["images"].dtype == np.uint8 and np.array_equal(np.asarray(f["masks"]), np.stack(masks))
+    check("convert-data keeps 8-bit images as uint8 and writes the masks", ok, (r.stdout + r.stderr)[-1500:])
 
     # 5b. A resume finds the manifest as the checkpoint left it, or says what changed.
     for n in ("g8.png", "tiled.tif"):
