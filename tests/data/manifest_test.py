@@ -274,19 +274,9 @@ def main():
                   config("slides_csv", "slides.csv", channels=3, **{"data.level": 1}),
                   config("slides_h5", "slides1.h5", channels=3))
     write_h5("slides0.h5", [a.astype(np.float32) for _, a, _ in slides], np.array([0, 1, 0, 1], dtype=np.int32))
-    big = config("slides0_csv", "slides.csv", channels=3)
-    with open(big) as f:
-        c = json.load(f)
-    c["model"]["input"] = [2 * H, 2 * W, 3]
-    with open(big, "w") as f:
-        json.dump(c, f)
-    big_h5 = config("slides0_h5", "slides0.h5", channels=3)
-    with open(big_h5) as f:
-        c = json.load(f)
-    c["model"]["input"] = [2 * H, 2 * W, 3]
-    with open(big_h5, "w") as f:
-        json.dump(c, f)
-    same_training("and at level 0", big, big_h5)
+    level0 = {"model.input": [2 * H, 2 * W, 3]}
+    same_training("and at level 0", config("slides0_csv", "slides.csv", channels=3, **level0),
+                  config("slides0_h5", "slides0.h5", channels=3, **level0))
 
     # 3. Masks (BCE) and class maps (softmax over 3 classes, a palette PNG), per pixel.
     seg = [dict(type="conv2d", filters=4, kernel=3, padding="same"), dict(type="relu"),
