@@ -205,17 +205,14 @@ void emit_monitor(YAML::Emitter& out, const Monitor& m) {
       << (m.mode == MonitorMode::Auto ? "auto" : m.mode == MonitorMode::Min ? "min" : "max");
 }
 
-}  // namespace
+// key: [x, y, ...] of numbers, in flow style.
+void emit_numbers(YAML::Emitter& out, const char* key, const std::vector<double>& v) {
+  out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double x : v) out << num(x);
+  out << YAML::EndSeq;
+}
 
-std::string to_yaml(const Config& c) {
-  YAML::Emitter out;
-  out.SetBoolFormat(YAML::TrueFalseBool);
-  out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << Q{c.name};
-  out << YAML::Key << "run_dir" << YAML::Value << Q{c.run_dir};
-  out << YAML::Key << "seed" << YAML::Value << c.seed;
-
-  const DataConfig& d = c.data;
+void emit_data(YAML::Emitter& out, const DataConfig& d) {
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "train" << YAML::Value << Q{d.train};
   key_nullable(out, "validation", d.validation);
@@ -229,12 +226,8 @@ std::string to_yaml(const Config& c) {
         << YAML::Value << num(d.pad_value);
   if (d.level) out << YAML::Key << "level" << YAML::Value << d.level;
   if (d.channels) out << YAML::Key << "channels" << YAML::Value << d.channels;
-  for (const auto& [key, v] : {std::pair<const char*, const std::vector<double>&>{"mean", d.mean}, {"std", d.std}}) {
-    if (v.empty()) continue;
-    out << YAML::Key << key << YAML::Value << YAML::Flow << YAML::BeginSeq;
-    for (double x : v) out << num(x);
-    out << YAML::EndSeq;
-  }
+  if (!d.mean.empty()) emit_numbers(out, "mean", d.mean);
+  if (!d.std.empty()) emit_numbers(out, "std", d.std);
   out << YAML::Key << "shuffle" << YAML::Value << d.shuffle;
   out << YAML::Key << "downsample" << YAML::Value << d.downsample;
   out << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
@@ -260,18 +253,9 @@ std::string to_yaml(const Config& c) {
         << YAML::EndMap;
   }
   out << YAML::EndMap;
+}
 
-  const ModelConfig& m = c.model;
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "input" << YAML::Value << YAML::Flow << YAML::BeginSeq << m.height << m.width << m.channels
-      << YAML::EndSeq;
-  out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
-  for (const auto& l : m.layers) emit_layer(out, l);
-  out << YAML::EndSeq;
-  out << YAML::Key << "loss" << YAML::Value << to_string(m.loss);
-  out << YAML::EndMap;
-
-  const TrainingConfig& t = c.training;
+void emit_training(YAML::Emitter& out, const TrainingConfig& t) {
   out << YAML::Key << "training" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "batch_size" << YAML::Value << t.batch_size;
   out << YAML::Key << "steps" << YAML::Value << t.steps;
@@ -309,11 +293,7 @@ std::string to_yaml(const Config& c) {
   out << YAML::EndMap;
   out << YAML::Key << "weight_decay" << YAML::Value << num(t.weight_decay);
   out << YAML::Key << "accumulate" << YAML::Value << t.accumulate;
-  if (!t.class_weights.empty()) {
-    out << YAML::Key << "class_weights" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-    for (double w : t.class_weights) out << num(w);
-    out << YAML::EndSeq;
-  }
+  if (!t.class_weights.empty()) emit_numbers(out, "class_weights", t.class_weights);
   if (t.pos_weight != 1) out << YAML::Key << "pos_weight" << YAML::Value << num(t.pos_weight);
   if (!t.freeze.empty()) {
     out << YAML::Key << "freeze" << YAML::Value << YAML::Flow << YAML::BeginSeq;
@@ -327,6 +307,31 @@ std::string to_yaml(const Config& c) {
         << num(es->min_delta) << YAML::EndMap;
   }
   out << YAML::EndMap;
+}
+
+}  // namespace
+
+std::string to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out.SetBoolFormat(YAML::TrueFalseBool);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << Q{c.name};
+  out << YAML::Key << "run_dir" << YAML::Value << Q{c.run_dir};
+  out << YAML::Key << "seed" << YAML::Value << c.seed;
+
+  emit_data(out, c.data);
+
+  const ModelConfig& m = c.model;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "input" << YAML::Value << YAML::Flow << YAML::BeginSeq << m.height << m.width << m.channels
+      << YAML::EndSeq;
+  out << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+  for (const auto& l : m.layers) emit_layer(out, l);
+  out << YAML::EndSeq;
+  out << YAML::Key << "loss" << YAML::Value << to_string(m.loss);
+  out << YAML::EndMap;
+
+  emit_training(out, c.training);
 
   const ParallelConfig& p = c.parallel;
   out << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
