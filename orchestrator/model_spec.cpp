@@ -216,6 +216,16 @@ std::vector<char> frozen_layers(const Config& config, const ModelSpec& model, in
   return frozen;
 }
 
+std::vector<char> gradient_flow(const ModelSpec& model, const std::vector<char>& frozen) {
+  std::vector<char> gradient(model.layers.size() + 1, 0);
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    bool reaches = model.layers[l].param_count(true) > 0 && (frozen.empty() || !frozen[l]);
+    for (int t : model.layers[l].inputs) reaches = reaches || gradient[size_t(t)];
+    gradient[l + 1] = reaches;
+  }
+  return gradient;
+}
+
 int64_t training_starts(const Config& config, const ModelSpec& model, int l) {
   return in_freeze(config, model, l) ? config.training.unfreeze_at : 0;
 }
@@ -312,18 +322,12 @@ ModelSpec build_model_spec(const Config& config) {
   for (int l = 0; l < int(spec.layers.size()); ++l)
     for (int t : spec.layers[l].inputs)
       if (spec.readers[t].empty() || spec.readers[t].back() != l) spec.readers[t].push_back(l);
-  // The backward goes as far as a weight that trains lies before a tensor.
-  std::vector<char> gradient(spec.layers.size() + 1, 0);
+  const std::vector<char> gradient = gradient_flow(spec);
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     LayerSpec& layer = spec.layers[l];
-    bool reaches = layer.param_count(true) > 0;
+    layer.output_gradient = gradient[l + 1];
     layer.input_gradients.clear();
-    for (int t : layer.inputs) {
-      layer.input_gradients.push_back(gradient[size_t(t)]);
-      reaches = reaches || gradient[size_t(t)];
-    }
-    layer.output_gradient = reaches;
-    gradient[l + 1] = reaches;
+    for (int t : layer.inputs) layer.input_gradients.push_back(gradient[size_t(t)]);
   }
   for (int t = 1; t < int(spec.layers.size()); ++t)
     if (spec.readers[t].empty())

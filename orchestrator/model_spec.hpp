@@ -152,5 +152,9 @@ std::vector<char> frozen_layers(const Config& config, const ModelSpec& model, in
 // The step at which layer `l`'s weights start to train: unfreeze_at for training.freeze's
 // layers, else 0. Adam counts each weight's steps from there, as torch does.
 int64_t training_starts(const Config& config, const ModelSpec& model, int l);
+// Per tensor, whether training's backward makes its gradient: a weight that trains lies at
+// or before it. `frozen` (per layer, frozen_layers) holds back weights that would train;
+// empty: only WeightSpec::trainable counts (what the plan and the memory model assume).
+std::vector<char> gradient_flow(const ModelSpec& model, const std::vector<char>& frozen = {});
 
 }  // namespace ht

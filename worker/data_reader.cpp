@@ -3,15 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
 
 #include "orchestrator/files.hpp"
 #include "worker/h5.hpp"
-#include "worker/image_files.hpp"
-#include "worker/manifest.hpp"
+#include "worker/manifest_images.hpp"
 #include "worker/tensor.hpp"
 
 namespace ht {
@@ -73,14 +71,8 @@ struct DataReader::Impl {
   TargetKind kind = TargetKind::Labels;
   std::vector<int64_t> labels;
   std::vector<float> buffer;  // HWC staging for multi-channel tiles
-  // A manifest's image files (SPEC section 13) instead of HDF5 datasets: each row's header,
-  // and the files open now (one image, one mask).
-  std::unique_ptr<Manifest> manifest;
-  std::vector<ImageInfo> image_info, target_info;
-  std::unique_ptr<ImageFile> image_file, target_file;
-  int64_t image_index = -1, target_index = -1;
-  std::vector<float> block;      // a fitted read's part inside the image
-  std::vector<float> converted;  // data.channels: the file's channels before conversion
+  // A manifest's image files (SPEC section 13) instead of HDF5 datasets.
+  std::unique_ptr<ManifestImages> manifest;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw ConfigError(fmt::format("{}: {}", path, what));
@@ -197,11 +189,6 @@ struct DataReader::Impl {
     }
   }
 
-  // The image (or mask) of manifest row `index`, as fitted: its offset in the file's pixels.
-  int64_t fit_offset(int64_t image_size, int64_t target) const {
-    return opt.fit == DataFit::Crop && image_size > target ? (image_size - target) / 2 : 0;
-  }
-
   void check_index_memory(int64_t n, const std::string& what) const {
     const uint64_t index_bytes = saturating_product({uint64_t(n), kIndexBytesPerImage});
     const uint64_t limit = physical_memory_bytes() / 8;
@@ -215,55 +202,15 @@ struct DataReader::Impl {
   // A manifest: every row's header is read now, so a wrong size, channel count or format is
   // named before training starts; the pixels are read in place as the tiles ask.
   void open_manifest() {
-    manifest = std::make_unique<Manifest>(read_manifest(path, opt.key));
-    const Manifest& m = *manifest;
+    manifest = std::make_unique<ManifestImages>(path, opt);
+    const Manifest& m = manifest->manifest();
     count = int64_t(m.rows.size());
     check_index_memory(count, "the manifest");
     pixel = PixelType::Float32;
+    file_h = manifest->height();
+    file_w = manifest->width();
     const int f = opt.downsample;
     const std::string after = f > 1 ? fmt::format(" (data.downsample {})", f) : "";
-    auto at = [&](const ManifestRow& r) { return fmt::format("{}:{}: {}", path, r.line, r.image); };
-    for (const ManifestRow& r : m.rows) {
-      ImageInfo info;
-      try {
-        info = probe_image(r.image, opt.level);
-      } catch (const ConfigError& e) {
-        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
-      }
-      const bool converts = opt.convert_channels && (info.channels == 1 || info.channels == 3) &&
-                            (opt.channels == 1 || opt.channels == 3);
-      if (info.channels != opt.channels && !converts)
-        throw ConfigError(fmt::format("{}: {} has {} channel{}; model.input {} has {}{}", at(r), info.describe(),
-                                      info.channels, info.channels == 1 ? "" : "s", input_shape(), opt.channels,
-                                      opt.convert_channels ? " (data.channels converts gray and RGB only)"
-                                                           : "; data.channels converts gray and RGB images"));
-      image_info.push_back(info);
-    }
-    // The file's pixels every image becomes: f x model.input, or (random crops) the one size
-    // all the images share.
-    file_h = opt.height * f;
-    file_w = opt.width * f;
-    if (opt.larger_ok) {
-      file_h = image_info[0].height;
-      file_w = image_info[0].width;
-    }
-    for (size_t i = 0; i < m.rows.size(); ++i) {
-      const ImageInfo& info = image_info[i];
-      const ManifestRow& r = m.rows[i];
-      const bool same = info.height == file_h && info.width == file_w;
-      if (opt.larger_ok && !same)
-        throw ConfigError(fmt::format("{}: is {}x{} (H x W) and {} is {}x{}: data.augment.crop takes its windows from "
-                                      "images of one size",
-                                      at(r), info.height, info.width, m.rows[0].image, file_h, file_w));
-      if (opt.fit == DataFit::Error && !same)
-        throw ConfigError(fmt::format("{}: is {}x{} (H x W), but model.input {} needs {}x{}{}; set data.fit: pad or "
-                                      "crop to bring every image to that size",
-                                      at(r), info.height, info.width, input_shape(), file_h, file_w, after));
-      if (opt.fit == DataFit::Pad && (info.height > file_h || info.width > file_w))
-        throw ConfigError(fmt::format("{}: is {}x{} (H x W), larger than the {}x{} data.fit: pad brings images to{}; "
-                                      "use data.fit: crop",
-                                      at(r), info.height, info.width, file_h, file_w, after));
-    }
     if (file_h % f != 0 || file_w % f != 0)
       fail(fmt::format("data.downsample {} does not divide the {}x{} images (every side must be a multiple of it)",
                        f, file_h, file_w));
@@ -272,58 +219,9 @@ struct DataReader::Impl {
     if (opt.larger_ok && (view_h < opt.height || view_w < opt.width))
       fail(fmt::format("data.augment.crop [{}, {}] is larger than the {}x{} images{}", opt.height, opt.width, view_h,
                        view_w, after));
-    if (opt.targets.empty()) return;
-    if (m.targets == Manifest::Targets::None)
-      fail("the manifest has no target column: expected 'label' (class ids), 'mask' or 'class_map' (paths) beside "
-           "'image'");
-    kind = m.targets == Manifest::Targets::Labels ? TargetKind::Labels : TargetKind::Masks;
-    if (opt.expect && *opt.expect != kind)
-      fail(fmt::format("its column '{}' holds {}, but model.loss needs {} (a '{}' column)",
-                       kind == TargetKind::Labels ? "label" : m.targets == Manifest::Targets::Masks ? "mask" : "class_map",
-                       to_string(kind), to_string(*opt.expect),
-                       *opt.expect == TargetKind::Labels ? "label" : opt.classes > 0 ? "class_map" : "mask"));
-    if (kind == TargetKind::Labels) {
+    kind = manifest->targets();
+    if (kind == TargetKind::Labels && !opt.targets.empty())
       for (const ManifestRow& r : m.rows) labels.push_back(r.label);
-      return;
-    }
-    const bool class_maps = opt.expect == TargetKind::Masks && opt.classes > 0;
-    if (class_maps && opt.classes > 2 && opt.downsample > 1)
-      fail(fmt::format("data.downsample {} averages the masks, but class maps of {} classes cannot be averaged; use "
-                       "data.downsample: 1",
-                       opt.downsample, opt.classes));
-    for (size_t i = 0; i < m.rows.size(); ++i) {
-      const ManifestRow& r = m.rows[i];
-      ImageInfo info;
-      try {
-        info = probe_image(r.target, opt.level, /*indices=*/true);
-      } catch (const ConfigError& e) {
-        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
-      }
-      if (info.channels != 1)
-        throw ConfigError(fmt::format("{}:{}: {}: a mask has one channel; found {} ({})", path, r.line, r.target,
-                                      info.channels, info.describe()));
-      if (info.height != image_info[i].height || info.width != image_info[i].width)
-        throw ConfigError(fmt::format("{}:{}: {} is {}x{} (H x W) but its image {} is {}x{}", path, r.line, r.target,
-                                      info.height, info.width, r.image, image_info[i].height, image_info[i].width));
-      target_info.push_back(info);
-    }
-  }
-
-  ImageFile& file_of(bool mask, int64_t index) {
-    std::unique_ptr<ImageFile>& f = mask ? target_file : image_file;
-    int64_t& open = mask ? target_index : image_index;
-    if (!f || open != index) {
-      const ManifestRow& r = manifest->rows[size_t(index)];
-      f.reset();
-      open = -1;
-      try {
-        f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt.level, mask, float(opt.pad_value));
-      } catch (const ConfigError& e) {
-        throw ConfigError(fmt::format("{}:{}: {}", path, r.line, e.what()));
-      }
-      open = index;
-    }
-    return *f;
   }
 
   // Rows [row0, row0 + rows) and columns [col0, col0 + cols) of image (or mask) `index` in
@@ -339,106 +237,14 @@ struct DataReader::Impl {
       bytes_read += uint64_t(rows) * cols * C * sizeof(float);
       return;
     }
-    const ImageInfo& info = (mask ? target_info : image_info)[size_t(index)];
-    if (opt.fit == DataFit::Resize && (info.height != file_h || info.width != file_w)) {
-      read_resized(mask, index, info, row0, col0, rows, cols, C, out);
-      return;
-    }
-    const int64_t oy = fit_offset(info.height, file_h), ox = fit_offset(info.width, file_w);
-    const int64_t r_lo = std::max<int64_t>(row0 + oy, 0), r_hi = std::min<int64_t>(row0 + rows + oy, info.height);
-    const int64_t c_lo = std::max<int64_t>(col0 + ox, 0), c_hi = std::min<int64_t>(col0 + cols + ox, info.width);
-    if (r_lo >= r_hi || c_lo >= c_hi || r_hi - r_lo < rows || c_hi - c_lo < cols)
-      std::fill(out, out + size_t(rows) * cols * C, mask ? 0.f : float(opt.pad_value));
-    if (r_lo >= r_hi || c_lo >= c_hi) return;
-    ImageFile& file = file_of(mask, index);
-    const uint64_t before = file.bytes_decoded();
-    const int inside_rows = int(r_hi - r_lo), inside_cols = int(c_hi - c_lo);
-    const size_t pixels = size_t(inside_rows) * inside_cols;
-    float* dst = out;
-    if (inside_rows != rows || inside_cols != cols) {
-      block.resize(pixels * C);
-      dst = block.data();
-    }
-    if (info.channels == C) {
-      file.read(r_lo, c_lo, inside_rows, inside_cols, dst);
-    } else {
-      converted.resize(pixels * size_t(info.channels));
-      file.read(r_lo, c_lo, inside_rows, inside_cols, converted.data());
-      convert_channels(converted.data(), info.channels, dst, C, pixels);
-    }
-    bytes_read += file.bytes_decoded() - before;
-    if (dst == out) return;
-    for (int r = 0; r < inside_rows; ++r)
-      std::copy(block.begin() + ptrdiff_t(size_t(r) * inside_cols * C),
-                block.begin() + ptrdiff_t(size_t(r + 1) * inside_cols * C),
-                out + (size_t(r_lo - oy - row0 + r) * cols + size_t(c_lo - ox - col0)) * C);
-  }
-
-  // data.fit: resize. An output pixel i of n (one axis) covers source pixels [i*m/n,
-  // ceil((i+1)*m/n)) of m and is their mean (torch's adaptive average pooling, which
-  // F.interpolate(mode='area') is); a mask takes source pixel floor(i * float(m/n)), as
-  // torch's mode='nearest' computes it in float.
-  static int64_t area_lo(int64_t i, int64_t m, int64_t n) { return i * m / n; }
-  static int64_t area_hi(int64_t i, int64_t m, int64_t n) { return ((i + 1) * m + n - 1) / n; }
-  static int64_t nearest(int64_t i, int64_t m, int64_t n) {
-    const float scale = float(m) / float(n);
-    return std::min<int64_t>(int64_t(std::floor(float(i) * scale)), m - 1);
-  }
-
-  void read_resized(bool mask, int64_t index, const ImageInfo& info, int64_t row0, int64_t col0, int64_t rows,
-                    int64_t cols, int C, float* out) {
-    const int64_t m_r = info.height, m_c = info.width, n_r = file_h, n_c = file_w;
-    const int64_t r_lo = mask ? nearest(row0, m_r, n_r) : area_lo(row0, m_r, n_r);
-    const int64_t r_hi = mask ? nearest(row0 + rows - 1, m_r, n_r) + 1 : area_hi(row0 + rows - 1, m_r, n_r);
-    const int64_t c_lo = mask ? nearest(col0, m_c, n_c) : area_lo(col0, m_c, n_c);
-    const int64_t c_hi = mask ? nearest(col0 + cols - 1, m_c, n_c) + 1 : area_hi(col0 + cols - 1, m_c, n_c);
-    const int64_t src_cols = c_hi - c_lo;
-    block.resize(size_t(r_hi - r_lo) * size_t(src_cols) * C);
-    ImageFile& file = file_of(mask, index);
-    const uint64_t before = file.bytes_decoded();
-    if (info.channels == C) {
-      file.read(r_lo, c_lo, int(r_hi - r_lo), int(src_cols), block.data());
-    } else {
-      converted.resize(size_t(r_hi - r_lo) * size_t(src_cols) * size_t(info.channels));
-      file.read(r_lo, c_lo, int(r_hi - r_lo), int(src_cols), converted.data());
-      convert_channels(converted.data(), info.channels, block.data(), C, size_t(r_hi - r_lo) * size_t(src_cols));
-    }
-    bytes_read += file.bytes_decoded() - before;
-    auto src = [&](int64_t y, int64_t x, int c) {
-      return block[(size_t(y - r_lo) * size_t(src_cols) + size_t(x - c_lo)) * C + c];
-    };
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j)
-        for (int c = 0; c < C; ++c) {
-          float v;
-          if (mask) {
-            v = src(nearest(row0 + i, m_r, n_r), nearest(col0 + j, m_c, n_c), c);
-          } else {
-            const int64_t y0 = area_lo(row0 + i, m_r, n_r), y1 = area_hi(row0 + i, m_r, n_r);
-            const int64_t x0 = area_lo(col0 + j, m_c, n_c), x1 = area_hi(col0 + j, m_c, n_c);
-            double sum = 0;
-            for (int64_t y = y0; y < y1; ++y)
-              for (int64_t x = x0; x < x1; ++x) sum += double(src(y, x, c));
-            v = float(sum / double((y1 - y0) * (x1 - x0)));
-          }
-          out[(size_t(i) * size_t(cols) + size_t(j)) * C + c] = v;
-        }
-  }
-
-  // data.channels: gray repeated into R, G and B; RGB to gray as ITU-R 601-2 luma (PIL's "L").
-  static void convert_channels(const float* in, int from, float* out, int to, size_t pixels) {
-    for (size_t p = 0; p < pixels; ++p) {
-      const float* s = in + p * size_t(from);
-      if (to == 3)
-        out[3 * p] = out[3 * p + 1] = out[3 * p + 2] = s[0];
-      else
-        out[p] = float(0.299 * double(s[0]) + 0.587 * double(s[1]) + 0.114 * double(s[2]));
-    }
+    const uint64_t before = manifest->bytes_decoded();
+    manifest->read(mask, index, row0, col0, rows, cols, C, out);
+    bytes_read += manifest->bytes_decoded() - before;
   }
 
   // data.scale: auto: 1 / the largest value of the image's integer type (1 for floats).
   float auto_scale(int64_t index) const {
-    if (manifest) return float(1.0 / image_info[size_t(index)].full_scale());
+    if (manifest) return float(1.0 / manifest->full_scale(index));
     return pixel == PixelType::UInt8 ? 1.f / 255.f : pixel == PixelType::UInt16 ? 1.f / 65535.f : 1.f;
   }
 
@@ -529,22 +335,11 @@ int DataReader::channels() const { return impl_->opt.channels; }
 int DataReader::view_height() const { return impl_->view_h; }
 int DataReader::view_width() const { return impl_->view_w; }
 uint64_t DataReader::bytes_read() const { return impl_->bytes_read; }
-std::string DataReader::identity() const { return impl_->manifest ? manifest_identity(*impl_->manifest) : ""; }
-
-int DataReader::integer_bits() const {
-  const Impl& m = *impl_;
-  if (!m.manifest) return 0;
-  int bits = 8;
-  for (const ImageInfo& info : m.image_info) {
-    if (info.floating || (info.channels == 3 && m.opt.channels == 1)) return 0;
-    if (info.format == ImageFormat::DICOM && (info.slope != 1 || info.intercept != 0 || info.is_signed)) return 0;
-    if (m.opt.fit == DataFit::Resize && (info.height != m.file_h || info.width != m.file_w)) return 0;
-    bits = std::max(bits, (info.format == ImageFormat::DICOM ? info.bits_stored : info.bits) > 8 ? 16 : 8);
-  }
-  const double pad = m.opt.pad_value, top = bits == 8 ? 255.0 : 65535.0;
-  if (m.opt.fit != DataFit::Error && (pad != std::floor(pad) || pad < 0 || pad > top)) return 0;
-  return bits;
+std::string DataReader::identity() const {
+  return impl_->manifest ? manifest_identity(impl_->manifest->manifest()) : "";
 }
+
+int DataReader::integer_bits() const { return impl_->manifest ? impl_->manifest->integer_bits() : 0; }
 
 void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view) {
   h5::quiet();
@@ -597,7 +392,7 @@ int32_t DataReader::read_label(int64_t index) const {
   int64_t v = m.labels[size_t(index)];
   if (m.manifest && m.opt.classes > 0 && v >= m.opt.classes)
     throw ConfigError(fmt::format("{}:{}: label {} is not a class id in [0, {}) (the model's output has {} classes)",
-                                  m.path, m.manifest->rows[size_t(index)].line, v, m.opt.classes, m.opt.classes));
+                                  m.path, m.manifest->manifest().rows[size_t(index)].line, v, m.opt.classes, m.opt.classes));
   if (m.opt.classes > 0 && (v < 0 || v >= m.opt.classes))
     m.fail(fmt::format("dataset '{}'[{}] = {} is not a class id in [0, {}) (the model's output has {} classes)",
                        m.opt.targets, index, v, m.opt.classes, m.opt.classes));
@@ -614,8 +409,8 @@ void DataReader::read_mask_tile(int64_t index, const Rect& rect, float* out, con
   m.check_tile(index, rect, view);
   const bool class_maps = m.opt.expect == TargetKind::Masks && m.opt.classes > 0;
   // A manifest's mask is named by its file (rows and columns are the fitted image's).
-  const std::string what = m.manifest ? fmt::format("mask {} (line {})", m.manifest->rows[size_t(index)].target,
-                                                    m.manifest->rows[size_t(index)].line)
+  const std::string what = m.manifest ? fmt::format("mask {} (line {})", m.manifest->manifest().rows[size_t(index)].target,
+                                                    m.manifest->manifest().rows[size_t(index)].line)
                                       : fmt::format("dataset '{}' image {}", m.opt.targets, index);
   const auto binary = [&](float v, int64_t row, int64_t col) {
     if (class_maps && !(v >= 0.f && v < float(m.opt.classes) && v == float(int(v))))

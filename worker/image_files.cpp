@@ -8,11 +8,6 @@
 #include <jpeglib.h>
 // clang-format on
 
-#include <gdcmAttribute.h>
-#include <gdcmImageReader.h>
-#include <gdcmReader.h>
-#include <gdcmTrace.h>
-#include <openslide/openslide.h>
 
 #include <algorithm>
 #include <csetjmp>
@@ -23,6 +18,7 @@
 #include <map>
 
 #include "orchestrator/config.hpp"
+#include "worker/image_decoders.hpp"
 
 namespace ht {
 
@@ -61,9 +57,8 @@ double ImageInfo::full_scale() const {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw ConfigError(fmt::format("{}: {}", path, why));
-}
+using image_decoders::check_size;
+using image_decoders::fail;
 
 // The format by the file's first bytes, not its name.
 ImageFormat sniff(const std::string& path) {
@@ -82,14 +77,6 @@ ImageFormat sniff(const std::string& path) {
   if (n >= 132 && std::memcmp(b + 128, "DICM", 4) == 0) return ImageFormat::DICOM;
   if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return ImageFormat::JPEG;
   fail(path, "is not an image halotrain reads: expected PNG, JPEG, TIFF/BigTIFF or DICOM (read by content, not name)");
-}
-
-// A header that claims more samples than could be decoded into this process is refused
-// before anything is allocated.
-void check_size(const std::string& path, int64_t h, int64_t w, int64_t c) {
-  if (h < 1 || w < 1 || c < 1) fail(path, fmt::format("the header says {}x{} with {} channels: an empty image", w, h, c));
-  if (h > (int64_t(1) << 31) - 1 || w > (int64_t(1) << 31) - 1 || double(h) * double(w) * double(c) > double(int64_t(1) << 40))
-    fail(path, fmt::format("the header says {}x{} with {} channels: more than halotrain reads (2^40 samples)", w, h, c));
 }
 
 // --- PNG (libpng): rows decoded in order; an interlaced file is decoded whole -----------
@@ -315,155 +302,13 @@ TiffPtr open_tiff(const std::string& path, int level, ImageInfo* out) {
   return t;
 }
 
-// --- Whole-slide images (OpenSlide) ---------------------------------------------------
-
-struct SlideCloser {
-  void operator()(openslide_t* s) const {
-    if (s) openslide_close(s);
-  }
-};
-using SlidePtr = std::unique_ptr<openslide_t, SlideCloser>;
-
-// A vendor OpenSlide reads better than libtiff (JPEG 2000 SVS, NDPI over 4 GB, MRXS); a
-// plain tiled TIFF ("generic-tiff") stays with libtiff.
-std::string slide_vendor(const std::string& path) {
-  const char* vendor = openslide_detect_vendor(path.c_str());
-  return vendor && std::strcmp(vendor, "generic-tiff") != 0 ? vendor : "";
-}
-
-SlidePtr open_slide(const std::string& path, int level, ImageInfo* out) {
-  SlidePtr s(openslide_open(path.c_str()));
-  if (!s) fail(path, "OpenSlide cannot open it");
-  if (const char* e = openslide_get_error(s.get())) fail(path, fmt::format("OpenSlide: {}", e));
-  const int32_t levels = openslide_get_level_count(s.get());
-  if (level >= levels)
-    fail(path, fmt::format("data.level {} asks for pyramid level {}, but the slide has {} (levels 0 to {})", level,
-                           level, levels, levels - 1));
-  int64_t w = 0, h = 0;
-  openslide_get_level_dimensions(s.get(), level, &w, &h);
-  check_size(path, h, w, 3);
-  out->format = ImageFormat::Slide;
-  out->height = int(h);
-  out->width = int(w);
-  out->channels = 3;
-  out->bits = 8;
-  out->vendor = slide_vendor(path);
-  return s;
-}
-
-// --- DICOM (GDCM) ---------------------------------------------------------------------
-
-template <uint16_t G, uint16_t E>
-bool has(const gdcm::DataSet& ds) {
-  return ds.FindDataElement(gdcm::Tag(G, E)) && !ds.GetDataElement(gdcm::Tag(G, E)).IsEmpty();
-}
-
-std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\0')) s.pop_back();
-  while (!s.empty() && s.front() == ' ') s.erase(s.begin());
-  return s;
-}
-
-// GDCM reports what it corrects on stderr; a file it cannot read is said once, by us.
-void quiet_gdcm() {
-  static const bool quiet = [] {
-    gdcm::Trace::WarningOff();
-    gdcm::Trace::DebugOff();
-    gdcm::Trace::ErrorOff();
-    return true;
-  }();
-  (void)quiet;
-}
-
-ImageInfo probe_dicom(const std::string& path) {
-  quiet_gdcm();
-  gdcm::Reader r;
-  r.SetFileName(path.c_str());
-  if (!r.ReadUpToTag(gdcm::Tag(0x7fe0, 0x0010))) fail(path, "GDCM cannot read its DICOM header");
-  const gdcm::DataSet& ds = r.GetFile().GetDataSet();
-  auto need = [&](bool present, const char* what) {
-    if (!present) fail(path, fmt::format("its DICOM header has no {}: not an image", what));
-  };
-  need(has<0x0028, 0x0010>(ds), "Rows (0028,0010)");
-  need(has<0x0028, 0x0011>(ds), "Columns (0028,0011)");
-  ImageInfo info;
-  info.format = ImageFormat::DICOM;
-  info.streamed = false;
-  gdcm::Attribute<0x0028, 0x0010> rows;
-  gdcm::Attribute<0x0028, 0x0011> cols;
-  rows.Set(ds);
-  cols.Set(ds);
-  info.height = rows.GetValue();
-  info.width = cols.GetValue();
-  int spp = 1;
-  if (has<0x0028, 0x0002>(ds)) {
-    gdcm::Attribute<0x0028, 0x0002> a;
-    a.Set(ds);
-    spp = a.GetValue();
-  }
-  if (has<0x0028, 0x0008>(ds)) {
-    gdcm::Attribute<0x0028, 0x0008> frames;
-    frames.Set(ds);
-    if (frames.GetValue() > 1)
-      fail(path, fmt::format("holds {} frames; halotrain reads single-frame DICOM images", frames.GetValue()));
-  }
-  check_size(path, info.height, info.width, spp);
-  if (spp != 1 && spp != 3) fail(path, fmt::format("has {} samples per pixel; halotrain reads 1 (gray) or 3 (RGB)", spp));
-  info.channels = spp;
-  gdcm::Attribute<0x0028, 0x0100> allocated;
-  gdcm::Attribute<0x0028, 0x0101> stored;
-  gdcm::Attribute<0x0028, 0x0103> representation;
-  need(has<0x0028, 0x0100>(ds), "Bits Allocated (0028,0100)");
-  allocated.Set(ds);
-  info.bits = allocated.GetValue();
-  info.bits_stored = info.bits;
-  if (has<0x0028, 0x0101>(ds)) {
-    stored.Set(ds);
-    info.bits_stored = stored.GetValue();
-  }
-  if (has<0x0028, 0x0103>(ds)) {
-    representation.Set(ds);
-    info.is_signed = representation.GetValue() == 1;
-  }
-  if ((info.bits != 8 && info.bits != 16) || info.bits_stored < 1 || info.bits_stored > info.bits)
-    fail(path, fmt::format("has {} bits allocated, {} stored; halotrain reads 8 or 16 allocated", info.bits,
-                           info.bits_stored));
-  std::string photometric = "MONOCHROME2";
-  if (has<0x0028, 0x0004>(ds)) {
-    gdcm::Attribute<0x0028, 0x0004> p;
-    p.Set(ds);
-    photometric = trimmed(std::string(p.GetValue()));
-  }
-  if (spp == 1 && photometric != "MONOCHROME1" && photometric != "MONOCHROME2")
-    fail(path, fmt::format("has photometric interpretation {} with one sample; expected MONOCHROME1 or MONOCHROME2",
-                           photometric));
-  bool invert = photometric == "MONOCHROME1";
-  if (has<0x2050, 0x0020>(ds)) {
-    gdcm::Attribute<0x2050, 0x0020> shape;
-    shape.Set(ds);
-    if (trimmed(std::string(shape.GetValue())) == "INVERSE") invert = !invert;
-  }
-  info.invert = invert && spp == 1;
-  if (has<0x0028, 0x1053>(ds)) {
-    gdcm::Attribute<0x0028, 0x1053> s;
-    s.Set(ds);
-    info.slope = s.GetValue();
-  }
-  if (has<0x0028, 0x1052>(ds)) {
-    gdcm::Attribute<0x0028, 0x1052> i;
-    i.Set(ds);
-    info.intercept = i.GetValue();
-  }
-  return info;
-}
-
 }  // namespace
 
 ImageInfo probe_image(const std::string& path, int level, bool indices) {
   std::error_code ec;
-  if (fs::exists(path, ec) && !slide_vendor(path).empty()) {
+  if (fs::exists(path, ec) && !image_decoders::slide_vendor(path).empty()) {
     ImageInfo info;
-    open_slide(path, level, &info);
+    image_decoders::Slide(path, level, &info);
     return info;
   }
   const ImageFormat format = sniff(path);
@@ -491,7 +336,7 @@ ImageInfo probe_image(const std::string& path, int level, bool indices) {
       open_tiff(path, level, &info);
       return info;
     }
-    case ImageFormat::DICOM: return probe_dicom(path);
+    case ImageFormat::DICOM: return image_decoders::probe_dicom(path);
     case ImageFormat::Slide: break;  // by vendor, above
   }
   fail(path, "unknown format");
@@ -510,9 +355,8 @@ struct ImageFile::Impl {
   // TIFF
   TiffPtr tiff;
   // slides
-  SlidePtr slide;
+  std::unique_ptr<image_decoders::Slide> slide;
   float transparent = 0.f;
-  std::vector<uint32_t> argb;
   // DICOM, and interlaced PNG: the whole image, decoded once, as float HWC
   std::vector<float> whole;
 
@@ -660,61 +504,10 @@ struct ImageFile::Impl {
     chunks = std::move(kept);
   }
 
-  // OpenSlide's region, premultiplied ARGB, as RGB (un-premultiplied as openslide-python
-  // does; a transparent pixel reads as `transparent`). Its coordinates are level 0's.
-  void read_slide(int64_t row0, int64_t col0, int rows, int cols, float* out) {
-    const double ds = openslide_get_level_downsample(slide.get(), level);
-    argb.resize(size_t(rows) * size_t(cols));
-    openslide_read_region(slide.get(), argb.data(), int64_t(std::llround(double(col0) * ds)),
-                          int64_t(std::llround(double(row0) * ds)), level, cols, rows);
-    if (const char* e = openslide_get_error(slide.get())) fail(path, fmt::format("OpenSlide: {}", e));
-    for (size_t p = 0; p < argb.size(); ++p) {
-      const uint32_t v = argb[p];
-      const uint32_t a = v >> 24;
-      for (int c = 0; c < 3; ++c) {
-        const uint32_t x = (v >> (16 - 8 * c)) & 0xff;
-        out[3 * p + size_t(c)] = a == 0 ? transparent : a == 255 ? float(x) : float((x * 255 + a / 2) / a);
-      }
-    }
-    decoded += uint64_t(argb.size()) * 3 * sizeof(float);
-  }
-
   void read_dicom(int64_t row0, int64_t col0, int rows, int cols, float* out) {
     if (whole.empty()) {
-      quiet_gdcm();
-      gdcm::ImageReader r;
-      r.SetFileName(path.c_str());
-      if (!r.Read()) fail(path, "GDCM cannot read it as a DICOM image");
-      const gdcm::Image& image = r.GetImage();
-      const unsigned long length = image.GetBufferLength();
-      std::vector<char> raw(length);
-      if (!image.GetBuffer(raw.data()))
-        fail(path, fmt::format("GDCM cannot decode its pixel data (transfer syntax {})",
-                               gdcm::TransferSyntax::GetTSString(image.GetTransferSyntax())));
-      const size_t n = size_t(info.height) * info.width * info.channels;
-      const size_t bytes = size_t(info.bits / 8);
-      if (raw.size() < n * bytes)
-        fail(path, fmt::format("its pixel data holds {} bytes, fewer than the {}x{}x{} the header says", raw.size(),
-                               info.height, info.width, info.channels));
-      whole.resize(n);
-      const int64_t top = (int64_t(1) << info.bits_stored) - 1;
-      const int64_t mask = (int64_t(1) << info.bits_stored) - 1;
-      for (size_t i = 0; i < n; ++i) {
-        int64_t v;
-        if (bytes == 2) {
-          uint16_t u;
-          std::memcpy(&u, raw.data() + 2 * i, 2);
-          v = u;
-        } else {
-          v = uint8_t(raw[i]);
-        }
-        v &= mask;  // only the stored bits count
-        if (info.is_signed && (v >> (info.bits_stored - 1)) & 1) v -= int64_t(1) << info.bits_stored;
-        // MONOCHROME1, or an INVERSE presentation LUT: inverted on the stored range first.
-        if (info.invert) v = info.is_signed ? -1 - v : top - v;
-        whole[i] = float(double(v) * info.slope + info.intercept);
-      }
-      decoded += n * sizeof(float);
+      whole = image_decoders::decode_dicom(path, info);
+      decoded += whole.size() * sizeof(float);
     }
     copy_from_whole(row0, col0, rows, cols, out);
   }
@@ -737,7 +530,7 @@ ImageFile::ImageFile(const std::string& path, int level, bool indices, float tra
   m.info = probe_image(path, level, indices);
   if (m.info.format == ImageFormat::Slide) {
     ImageInfo again;
-    m.slide = open_slide(path, level, &again);
+    m.slide = std::make_unique<image_decoders::Slide>(path, level, &again);
   } else if (m.info.format == ImageFormat::PNG) {
     m.png = std::make_unique<PngReader>();
     m.png->path = path;
@@ -765,7 +558,10 @@ void ImageFile::read(int64_t row0, int64_t col0, int rows, int cols, float* out)
     case ImageFormat::JPEG: m.read_jpeg(row0, col0, rows, cols, out); break;
     case ImageFormat::TIFF: m.read_tiff(row0, col0, rows, cols, out); break;
     case ImageFormat::DICOM: m.read_dicom(row0, col0, rows, cols, out); break;
-    case ImageFormat::Slide: m.read_slide(row0, col0, rows, cols, out); break;
+    case ImageFormat::Slide:
+      m.slide->read(row0, col0, rows, cols, m.transparent, out);
+      m.decoded += uint64_t(rows) * uint64_t(cols) * 3 * sizeof(float);
+      break;
   }
 }
 

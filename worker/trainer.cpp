@@ -10,11 +10,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <optional>
 
 #include "worker/log.hpp"
 #include "worker/manifest.hpp"
+#include "worker/optimizer.hpp"
 #include "worker/run_report.hpp"
 #include "worker/signals.hpp"
 
@@ -279,15 +279,9 @@ double Trainer::train_step(int64_t step) {
   const size_t n = params_->trainable_count();
   float* grads = params_->grads().data();
   frozen_ = frozen_layers(config_, plan_.model, step);
-  // The backward goes as far as a weight that trains this step lies before a tensor (the
-  // memory model plans for when every freeze pattern is released: LayerSpec::output_gradient).
-  const ModelSpec& m = plan_.model;
-  gradient_.assign(m.layers.size() + 1, 0);
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    bool reaches = !frozen_[l] && m.layers[l].param_count(true) > 0;
-    for (int t : m.layers[l].inputs) reaches = reaches || gradient_[size_t(t)];
-    gradient_[l + 1] = reaches;
-  }
+  // The backward goes as far as a weight that trains this step (the memory model plans for
+  // when every freeze pattern is released: LayerSpec::output_gradient).
+  gradient_ = gradient_flow(plan_.model, frozen_);
   for (int micro = 0; micro < k; ++micro) {
     loss += train_micro_batch(step, micro);
     // Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_,
@@ -299,7 +293,7 @@ double Trainer::train_step(int64_t step) {
   }
   // One all-reduce of every weight gradient, summed in rank order.
   world_->allreduce_sum(grads, n);
-  optimizer_step(step);
+  optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *params_, optimizer_, *backend_);
   return loss;
 }
 
@@ -376,116 +370,11 @@ double Trainer::learning_rate(int64_t step) const {
                                            total_steps(config_, data_->samples())));
 }
 
-// PyTorch's semantics: weight decay as torch.optim.AdamW (the weights shrink by lr*wd
-// before the Adam update) or torch.optim.SGD (wd*w added to the gradient). A frozen layer's
-// weights are left alone (no update, no decay, no state); Adam's step count of a weight
-// starts where it starts to train (training_starts), as torch's per-parameter state does.
-// Weights alike in both are updated by one call per run of them in the arena (all of them
-// in one call when nothing is frozen).
-void Trainer::optimizer_step(int64_t step) {
-  const OptimizerConfig& o = config_.training.optimizer;
-  const double lr = learning_rate(step), decay = config_.training.weight_decay;
-  struct Run {
-    size_t offset, count;
-    int64_t start;
-  };
-  std::vector<Run> runs;
-  for (const ParamRef& r : params_->refs()) {
-    if (!r.trainable || frozen_[size_t(r.layer)]) continue;
-    const int64_t start = training_starts(config_, plan_.model, r.layer);
-    if (!runs.empty() && runs.back().offset + runs.back().count == r.offset && runs.back().start == start)
-      runs.back().count += r.count;
-    else
-      runs.push_back({r.offset, r.count, start});
-  }
-  for (const Run& run : runs) {
-    const size_t n = run.count;
-    float* w = params_->values().data() + run.offset;
-    float* g = params_->grads().data() + run.offset;
-    if (o.type == OptimizerType::Adam) {
-      if (decay > 0) backend_->scale(w, float(1.0 - lr * decay), n);
-      backend_->adam_step(n, w, g, optimizer_.m.data() + run.offset, optimizer_.v.data() + run.offset, lr, o.beta1,
-                          o.beta2, o.epsilon, step + 1 - run.start);
-    } else {
-      if (decay > 0) backend_->add_scaled(g, w, float(decay), n);
-      backend_->sgd_step(n, w, g, optimizer_.m.empty() ? nullptr : optimizer_.m.data() + run.offset, float(lr),
-                         float(o.momentum));
-    }
-  }
-}
-
 MetricValues Trainer::validate() {
   counting_world_->set_counting(false);  // the halo figures are of training steps
   MetricValues values = evaluate_file(layers_, *backend_, *validation_, config_, plan_, rank_, *world_);
   counting_world_->set_counting(true);
   return values;
-}
-
-void Trainer::log_halo_traffic(int64_t steps) {
-  // Which ranks share a host: a 32-bit hash of each rank's host name (exact in a double).
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  std::vector<double> hosts(size_t(world_->size()), 0.0);
-  hosts[size_t(rank_)] = double(uint32_t(std::hash<std::string>()(host)));
-  world_->allreduce_sum_host(hosts.data(), hosts.size());
-  uint64_t intra = 0, inter = 0;
-  for (size_t peer = 0; peer < halo_sent_.size(); ++peer)
-    (hosts[peer] == hosts[size_t(rank_)] ? intra : inter) += halo_sent_[peer];
-  const HaloTraffic planned = halo_traffic(config_, plan_, rank_, policies_);
-  const int node = node_of(config_, rank_);
-  log().info("on host {} (the plan's node {}, device {}): halo bytes sent per step {} to ranks on this host, {} to "
-             "other hosts; the plan's {} intra-node, {} inter-node",
-             host, node, local_device_of(config_, rank_), intra / uint64_t(std::max<int64_t>(steps, 1)),
-             inter / uint64_t(std::max<int64_t>(steps, 1)), planned.intra_node, planned.inter_node);
-}
-
-void Trainer::bank_collective_seconds() {
-  for (const auto& layer : layers_) collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
-}
-
-void Trainer::log_collectives(int64_t steps, double step_seconds) {
-  bank_collective_seconds();
-  if (rank_ != 0 || collective_seconds_.empty()) return;
-  std::string parts;
-  double total = 0;
-  for (const auto& [kind, s] : collective_seconds_) {
-    if (s <= 0) continue;
-    total += s;
-    parts += fmt::format("{}{} {:.2f} ms", parts.empty() ? "" : ", ", kind, 1e3 * s / double(steps));
-  }
-  if (total <= 0) return;
-  log().info("collectives inside layers, per step on rank 0 (waiting included): {}; {:.1f}% of the step time",
-             parts, 100.0 * total / std::max(step_seconds, 1e-12));
-}
-
-std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
-  std::vector<double> peaks(world_->size(), 0.0);
-  peaks[rank_] = double(local);
-  world_->allreduce_sum_host(peaks.data(), peaks.size());
-  return peaks;
-}
-
-uint64_t Trainer::max_peak_over_ranks() {
-  const std::vector<double> peaks = peaks_of_ranks(backend_->allocator().peak());
-  return uint64_t(*std::max_element(peaks.begin(), peaks.end()));
-}
-
-void Trainer::write_memory_report() {
-  // Collective: every rank gives its peaks; rank 0 writes them beside the predictions.
-  const std::vector<double> device = peaks_of_ranks(backend_->allocator().peak());
-  const std::vector<double> host = peaks_of_ranks(backend_->host_pool().peak());
-  if (rank_ != 0) return;
-  std::ofstream out(config_.run_dir + "/memory.csv", std::ios::trunc);
-  out << "rank,peak_device_bytes,predicted_peak_device_bytes,host_pool_peak_bytes,predicted_host_pool_bytes\n";
-  double worst = 0;
-  for (int r = 0; r < int(device.size()); ++r) {
-    const MemoryEstimate& e = job_.ranks.at(r);
-    out << fmt::format("{},{},{},{},{}\n", r, uint64_t(device[r]), e.total, uint64_t(host[r]), e.host_offload);
-    worst = std::max(worst, std::abs(device[r] - double(e.total)) / std::max(double(e.total), 1.0));
-  }
-  if (!out) log().warn("{}/memory.csv: could not write the memory report", config_.run_dir);
-  log().info("peak device memory per rank within {:.1f}% of the memory model's prediction ({}/memory.csv)",
-             100 * worst, config_.run_dir);
 }
 
 void Trainer::report(int64_t step, double loss, double seconds, uint64_t peak, bool logged,

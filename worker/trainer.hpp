@@ -70,7 +70,6 @@ class Trainer {
   void prefetch(StepActivations& acts, int index);   // starts bringing acts[index] back
   void restore(StepActivations& acts, int index);    // acts[index] on the device, ready for compute
   double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
-  void optimizer_step(int64_t step);
   std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank
   uint64_t max_peak_over_ranks();
   void write_memory_report();  // run_dir/memory.csv: measured vs predicted peaks per rank

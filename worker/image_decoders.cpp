@@ -1,0 +1,221 @@
+#include "worker/image_decoders.hpp"
+
+#include <fmt/format.h>
+#include <gdcmAttribute.h>
+#include <gdcmImageReader.h>
+#include <gdcmReader.h>
+#include <gdcmTrace.h>
+#include <openslide/openslide.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "orchestrator/config.hpp"
+
+namespace ht::image_decoders {
+
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw ConfigError(fmt::format("{}: {}", path, why));
+}
+
+void check_size(const std::string& path, int64_t h, int64_t w, int64_t c) {
+  if (h < 1 || w < 1 || c < 1) fail(path, fmt::format("the header says {}x{} with {} channels: an empty image", w, h, c));
+  if (h > (int64_t(1) << 31) - 1 || w > (int64_t(1) << 31) - 1 || double(h) * double(w) * double(c) > double(int64_t(1) << 40))
+    fail(path, fmt::format("the header says {}x{} with {} channels: more than halotrain reads (2^40 samples)", w, h, c));
+}
+
+// A vendor OpenSlide reads better than libtiff (JPEG 2000 SVS, NDPI over 4 GB, MRXS); a
+// plain tiled TIFF ("generic-tiff") stays with libtiff.
+std::string slide_vendor(const std::string& path) {
+  const char* vendor = openslide_detect_vendor(path.c_str());
+  return vendor && std::strcmp(vendor, "generic-tiff") != 0 ? vendor : "";
+}
+
+Slide::Slide(const std::string& path, int level, ImageInfo* out) : path_(path), level_(level) {
+  openslide_t* s = openslide_open(path.c_str());
+  if (!s) fail(path, "OpenSlide cannot open it");
+  std::unique_ptr<openslide_t, void (*)(openslide_t*)> closes(s, openslide_close);  // until it is ours
+  if (const char* e = openslide_get_error(s)) fail(path, fmt::format("OpenSlide: {}", e));
+  const int32_t levels = openslide_get_level_count(s);
+  if (level >= levels)
+    fail(path, fmt::format("data.level {} asks for pyramid level {}, but the slide has {} (levels 0 to {})", level,
+                           level, levels, levels - 1));
+  int64_t w = 0, h = 0;
+  openslide_get_level_dimensions(s, level, &w, &h);
+  check_size(path, h, w, 3);
+  out->format = ImageFormat::Slide;
+  out->height = int(h);
+  out->width = int(w);
+  out->channels = 3;
+  out->bits = 8;
+  out->vendor = slide_vendor(path);
+  slide_ = closes.release();
+}
+
+Slide::~Slide() {
+  if (slide_) openslide_close(static_cast<openslide_t*>(slide_));
+}
+
+// OpenSlide's region coordinates are level 0's.
+void Slide::read(int64_t row0, int64_t col0, int rows, int cols, float transparent, float* out) {
+  openslide_t* s = static_cast<openslide_t*>(slide_);
+  const double ds = openslide_get_level_downsample(s, level_);
+  argb_.resize(size_t(rows) * size_t(cols));
+  openslide_read_region(s, argb_.data(), int64_t(std::llround(double(col0) * ds)),
+                        int64_t(std::llround(double(row0) * ds)), level_, cols, rows);
+  if (const char* e = openslide_get_error(s)) fail(path_, fmt::format("OpenSlide: {}", e));
+  for (size_t p = 0; p < argb_.size(); ++p) {
+    const uint32_t v = argb_[p];
+    const uint32_t a = v >> 24;
+    for (int c = 0; c < 3; ++c) {
+      const uint32_t x = (v >> (16 - 8 * c)) & 0xff;
+      out[3 * p + size_t(c)] = a == 0 ? transparent : a == 255 ? float(x) : float((x * 255 + a / 2) / a);
+    }
+  }
+}
+
+// --- DICOM (GDCM) ---------------------------------------------------------------------
+
+template <uint16_t G, uint16_t E>
+bool has(const gdcm::DataSet& ds) {
+  return ds.FindDataElement(gdcm::Tag(G, E)) && !ds.GetDataElement(gdcm::Tag(G, E)).IsEmpty();
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\0')) s.pop_back();
+  while (!s.empty() && s.front() == ' ') s.erase(s.begin());
+  return s;
+}
+
+// GDCM reports what it corrects on stderr; a file it cannot read is said once, by us.
+void quiet_gdcm() {
+  static const bool quiet = [] {
+    gdcm::Trace::WarningOff();
+    gdcm::Trace::DebugOff();
+    gdcm::Trace::ErrorOff();
+    return true;
+  }();
+  (void)quiet;
+}
+
+ImageInfo probe_dicom(const std::string& path) {
+  quiet_gdcm();
+  gdcm::Reader r;
+  r.SetFileName(path.c_str());
+  if (!r.ReadUpToTag(gdcm::Tag(0x7fe0, 0x0010))) fail(path, "GDCM cannot read its DICOM header");
+  const gdcm::DataSet& ds = r.GetFile().GetDataSet();
+  auto need = [&](bool present, const char* what) {
+    if (!present) fail(path, fmt::format("its DICOM header has no {}: not an image", what));
+  };
+  need(has<0x0028, 0x0010>(ds), "Rows (0028,0010)");
+  need(has<0x0028, 0x0011>(ds), "Columns (0028,0011)");
+  ImageInfo info;
+  info.format = ImageFormat::DICOM;
+  info.streamed = false;
+  gdcm::Attribute<0x0028, 0x0010> rows;
+  gdcm::Attribute<0x0028, 0x0011> cols;
+  rows.Set(ds);
+  cols.Set(ds);
+  info.height = rows.GetValue();
+  info.width = cols.GetValue();
+  int spp = 1;
+  if (has<0x0028, 0x0002>(ds)) {
+    gdcm::Attribute<0x0028, 0x0002> a;
+    a.Set(ds);
+    spp = a.GetValue();
+  }
+  if (has<0x0028, 0x0008>(ds)) {
+    gdcm::Attribute<0x0028, 0x0008> frames;
+    frames.Set(ds);
+    if (frames.GetValue() > 1)
+      fail(path, fmt::format("holds {} frames; halotrain reads single-frame DICOM images", frames.GetValue()));
+  }
+  check_size(path, info.height, info.width, spp);
+  if (spp != 1 && spp != 3) fail(path, fmt::format("has {} samples per pixel; halotrain reads 1 (gray) or 3 (RGB)", spp));
+  info.channels = spp;
+  gdcm::Attribute<0x0028, 0x0100> allocated;
+  gdcm::Attribute<0x0028, 0x0101> stored;
+  gdcm::Attribute<0x0028, 0x0103> representation;
+  need(has<0x0028, 0x0100>(ds), "Bits Allocated (0028,0100)");
+  allocated.Set(ds);
+  info.bits = allocated.GetValue();
+  info.bits_stored = info.bits;
+  if (has<0x0028, 0x0101>(ds)) {
+    stored.Set(ds);
+    info.bits_stored = stored.GetValue();
+  }
+  if (has<0x0028, 0x0103>(ds)) {
+    representation.Set(ds);
+    info.is_signed = representation.GetValue() == 1;
+  }
+  if ((info.bits != 8 && info.bits != 16) || info.bits_stored < 1 || info.bits_stored > info.bits)
+    fail(path, fmt::format("has {} bits allocated, {} stored; halotrain reads 8 or 16 allocated", info.bits,
+                           info.bits_stored));
+  std::string photometric = "MONOCHROME2";
+  if (has<0x0028, 0x0004>(ds)) {
+    gdcm::Attribute<0x0028, 0x0004> p;
+    p.Set(ds);
+    photometric = trimmed(std::string(p.GetValue()));
+  }
+  if (spp == 1 && photometric != "MONOCHROME1" && photometric != "MONOCHROME2")
+    fail(path, fmt::format("has photometric interpretation {} with one sample; expected MONOCHROME1 or MONOCHROME2",
+                           photometric));
+  bool invert = photometric == "MONOCHROME1";
+  if (has<0x2050, 0x0020>(ds)) {
+    gdcm::Attribute<0x2050, 0x0020> shape;
+    shape.Set(ds);
+    if (trimmed(std::string(shape.GetValue())) == "INVERSE") invert = !invert;
+  }
+  info.invert = invert && spp == 1;
+  if (has<0x0028, 0x1053>(ds)) {
+    gdcm::Attribute<0x0028, 0x1053> s;
+    s.Set(ds);
+    info.slope = s.GetValue();
+  }
+  if (has<0x0028, 0x1052>(ds)) {
+    gdcm::Attribute<0x0028, 0x1052> i;
+    i.Set(ds);
+    info.intercept = i.GetValue();
+  }
+  return info;
+}
+
+
+std::vector<float> decode_dicom(const std::string& path, const ImageInfo& info) {
+  quiet_gdcm();
+  gdcm::ImageReader r;
+  r.SetFileName(path.c_str());
+  if (!r.Read()) fail(path, "GDCM cannot read it as a DICOM image");
+  const gdcm::Image& image = r.GetImage();
+  const unsigned long length = image.GetBufferLength();
+  std::vector<char> raw(length);
+  if (!image.GetBuffer(raw.data()))
+    fail(path, fmt::format("GDCM cannot decode its pixel data (transfer syntax {})",
+                           gdcm::TransferSyntax::GetTSString(image.GetTransferSyntax())));
+  const size_t n = size_t(info.height) * info.width * info.channels;
+  const size_t bytes = size_t(info.bits / 8);
+  if (raw.size() < n * bytes)
+    fail(path, fmt::format("its pixel data holds {} bytes, fewer than the {}x{}x{} the header says", raw.size(),
+                           info.height, info.width, info.channels));
+  std::vector<float> whole(n);
+  const int64_t top = (int64_t(1) << info.bits_stored) - 1;  // the stored bits' range
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v;
+    if (bytes == 2) {
+      uint16_t u;
+      std::memcpy(&u, raw.data() + 2 * i, 2);
+      v = u;
+    } else {
+      v = uint8_t(raw[i]);
+    }
+    v &= top;  // only the stored bits count
+    if (info.is_signed && (v >> (info.bits_stored - 1)) & 1) v -= int64_t(1) << info.bits_stored;
+    // MONOCHROME1, or an INVERSE presentation LUT: inverted on the stored range first.
+    if (info.invert) v = info.is_signed ? -1 - v : top - v;
+    whole[i] = float(double(v) * info.slope + info.intercept);
+  }
+  return whole;
+}
+
+}  // namespace ht::image_decoders
