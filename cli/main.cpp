@@ -25,6 +25,7 @@
 #include "worker/keras_h5.hpp"
 #include "worker/log.hpp"
 #include "worker/mpi_comm.hpp"
+#include "worker/prediction_output.hpp"
 #include "worker/run_report.hpp"
 #include "worker/signals.hpp"
 #include "worker/synthetic_data.hpp"
@@ -165,13 +166,17 @@ int cmd_evaluate(const std::string& path, const std::vector<std::string>& sets, 
 }
 
 int cmd_predict(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
-                const std::string& input, const std::string& output) {
+                const std::string& input, const std::string& output, bool float32) {
   const Config config = load_config(path, sets);
-  const PredictionResult r = run_prediction(config, checkpoint, input, output);
+  const PredictionResult r = run_prediction(config, checkpoint, input, output, float32);
   if (mpi_rank() == 0)
-    std::cout << fmt::format("wrote {}: predictions {} (float32); peak device memory {} B, predicted {} B\n", output,
-                             fmt::format("[{}]", fmt::join(r.shape, ", ")), r.peak_device_bytes,
-                             r.predicted_peak_device_bytes);
+    std::cout << fmt::format("wrote {}: predictions {} ({}); peak device memory {} B, predicted {} B\n", output,
+                             fmt::format("[{}]", fmt::join(r.shape, ", ")),
+                             !is_prediction_directory(output) ? "float32"
+                             : r.shape.size() == 2            ? "scores.csv"
+                             : float32                        ? "a BigTIFF per image, uint8 and float32"
+                                                              : "a BigTIFF per image, uint8",
+                             r.peak_device_bytes, r.predicted_peak_device_bytes);
   return 0;
 }
 
@@ -203,12 +208,18 @@ int run(int argc, char** argv) {
   evaluate->add_option("--checkpoint", checkpoint, "checkpoint (default: the newest valid one in run_dir)");
   evaluate->add_option("--data", eval_data, "HDF5 file with images and targets (default: data.validation)");
 
-  auto* predict = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file");
+  bool float32 = false;
+  auto* predict = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file or a "
+                                                "directory of BigTIFFs");
   predict->add_option("CONFIG", config_path, "YAML config")->required();
   predict->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
   predict->add_option("--checkpoint", checkpoint, "checkpoint to run")->required();
-  predict->add_option("--input", input, "HDF5 file with dataset data.images")->required();
-  predict->add_option("--output", output, "HDF5 file to write, dataset 'predictions'")->required();
+  predict->add_option("--input", input, "HDF5 file with dataset data.images, or a CSV manifest")->required();
+  predict->add_option("--output", output,
+                      "HDF5 file to write (dataset 'predictions'), or DIR/: one BigTIFF per image (a classifier: "
+                      "DIR/scores.csv)")
+      ->required();
+  predict->add_flag("--float32", float32, "with --output DIR/: also NAME-float32.tif, the probabilities as float32");
 
   std::string run_dir;
   auto* report = app.add_subcommand("report", "write RUN_DIR/report.html: curves, memory, the shard map");
@@ -278,7 +289,7 @@ int run(int argc, char** argv) {
   }
   if (*plan) return cmd_plan(config_path, sets, json, html, mode);
   if (*evaluate) return cmd_evaluate(config_path, sets, checkpoint, eval_data);
-  if (*predict) return cmd_predict(config_path, sets, checkpoint, input, output);
+  if (*predict) return cmd_predict(config_path, sets, checkpoint, input, output, float32);
   if (*report) {
     const std::string page = report_run_dir(run_dir);
     std::cout << "wrote " << page << "\n";

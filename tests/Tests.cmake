@@ -111,6 +111,10 @@ ht_script_test(finetune "checkpoint" 600 finetune/finetune_test.py ${CMAKE_BINAR
 # manifest train as an HDF5 file of the same values, bit for bit; data.fit; bad files.
 ht_script_test(data_manifest "checkpoint;mpi" 600 data/manifest_test.py ${MPIEXEC_EXECUTABLE}
                ${CMAKE_BINARY_DIR}/data-manifest)
+# predict --output DIR/ (tests/data/predict_output_test.py): a BigTIFF per image, cropped
+# back to its size, equal to predict's .h5; a classifier's scores.csv; clashing names.
+ht_script_test(data_predict_output "mpi" 300 data/predict_output_test.py ${MPIEXEC_EXECUTABLE}
+               ${CMAKE_BINARY_DIR}/data-predict-output)
 
 # Hostile input, signals and kills (tests/cli/robustness_test.py): exit codes of SPEC
 # section 2, one clear message, no checkpoint lost. Every run inside has its own timeout.

@@ -341,6 +341,22 @@ std::string DataReader::identity() const {
 
 int DataReader::integer_bits() const { return impl_->manifest ? impl_->manifest->integer_bits() : 0; }
 
+std::string DataReader::image_name(int64_t index) const {
+  const Impl& m = *impl_;
+  if (!m.manifest) return "";
+  const std::filesystem::path image(m.manifest->manifest().rows.at(size_t(index)).image);
+  const std::filesystem::path relative = image.lexically_relative(std::filesystem::path(m.path).parent_path());
+  return relative.empty() ? image.filename().string() : relative.string();
+}
+
+std::pair<int, int> DataReader::image_extent(int64_t index) const {
+  const Impl& m = *impl_;
+  if (!m.manifest || m.opt.fit != DataFit::Pad) return {m.opt.height, m.opt.width};
+  const auto [h, w] = m.manifest->image_size(index);
+  const int d = m.opt.downsample;
+  return {std::min(m.opt.height, (h + d - 1) / d), std::min(m.opt.width, (w + d - 1) / d)};
+}
+
 void DataReader::read_image_tile(int64_t index, const Rect& rect, float scale, float* out, const SampleView& view) {
   h5::quiet();
   Impl& m = *impl_;

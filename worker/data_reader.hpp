@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
@@ -82,6 +83,12 @@ class DataReader {
   // value, 8 or 16; 0 when some value may not be such an integer (floats, a DICOM rescale,
   // RGB made gray, data.fit: resize, a fractional pad value), or for an HDF5 file.
   int integer_bits() const;
+  // Image `index` as a user names it: a manifest row's image path relative to the CSV, ""
+  // for an HDF5 file.
+  std::string image_name(int64_t index) const;
+  // The rows and columns of image `index`'s view that are the image's own: smaller than
+  // height() x width() where data.fit: pad padded it (in model.input pixels, rounded up).
+  std::pair<int, int> image_extent(int64_t index) const;
 
   // Writes image `index`'s pixels in `rect` (rows/cols of the view, model.input-sized) to
   // `out` as [C][rows][cols] float, multiplied by `scale` (with data.scale: auto, by the

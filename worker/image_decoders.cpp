@@ -6,14 +6,37 @@
 #include <gdcmReader.h>
 #include <gdcmTrace.h>
 #include <openslide/openslide.h>
+#include <tiffio.h>
 
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "orchestrator/config.hpp"
 
 namespace ht::image_decoders {
+
+namespace {
+void tiff_error_handler(const char* module, const char* format, va_list args) {
+  char buf[512];
+  std::vsnprintf(buf, sizeof buf, format, args);
+  tiff_error() = module ? fmt::format("{}: {}", module, buf) : std::string(buf);
+}
+void tiff_warning_handler(const char*, const char*, va_list) {}
+}  // namespace
+
+std::string& tiff_error() {
+  static const bool handlers = [] {
+    TIFFSetErrorHandler(tiff_error_handler);
+    TIFFSetWarningHandler(tiff_warning_handler);
+    return true;
+  }();
+  (void)handlers;
+  thread_local std::string message;
+  return message;
+}
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw ConfigError(fmt::format("{}: {}", path, why));

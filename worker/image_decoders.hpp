@@ -18,6 +18,11 @@ namespace ht::image_decoders {
 // before anything is allocated.
 void check_size(const std::string& path, int64_t h, int64_t w, int64_t c);
 
+// libtiff's last error message on this thread (its handlers are installed on the first
+// call, warnings dropped): clear it before a call, read it after one fails. Shared with
+// predict's BigTIFF writer.
+std::string& tiff_error();
+
 // DICOM: the header without the pixels, and the whole frame as float HWC: the stored bits,
 // inverted for MONOCHROME1 or an INVERSE presentation LUT, then rescaled.
 ImageInfo probe_dicom(const std::string& path);

@@ -58,6 +58,7 @@ double ImageInfo::full_scale() const {
 namespace {
 
 using image_decoders::check_size;
+using image_decoders::tiff_error;
 using image_decoders::fail;
 
 // The format by the file's first bytes, not its name.
@@ -232,15 +233,6 @@ struct JpegReader {
 
 // --- TIFF (libtiff): the strips or tiles under a block ------------------------------------
 
-thread_local std::string tiff_error;
-
-void tiff_error_handler(const char* module, const char* format, va_list args) {
-  char buf[512];
-  std::vsnprintf(buf, sizeof buf, format, args);
-  tiff_error = module ? fmt::format("{}: {}", module, buf) : std::string(buf);
-}
-void tiff_warning_handler(const char*, const char*, va_list) {}
-
 struct TiffCloser {
   void operator()(TIFF* t) const {
     if (t) TIFFClose(t);
@@ -249,20 +241,14 @@ struct TiffCloser {
 using TiffPtr = std::unique_ptr<TIFF, TiffCloser>;
 
 TiffPtr open_tiff(const std::string& path, int level, ImageInfo* out) {
-  static const bool handlers = [] {
-    TIFFSetErrorHandler(tiff_error_handler);
-    TIFFSetWarningHandler(tiff_warning_handler);
-    return true;
-  }();
-  (void)handlers;
-  tiff_error.clear();
+  tiff_error().clear();
   TiffPtr t(TIFFOpen(path.c_str(), "r"));
-  if (!t) fail(path, fmt::format("libtiff cannot open it: {}", tiff_error));
+  if (!t) fail(path, fmt::format("libtiff cannot open it: {}", tiff_error()));
   const int levels = TIFFNumberOfDirectories(t.get());
   if (level >= levels)
     fail(path, fmt::format("data.level {} asks for pyramid level {}, but the file has {} (levels 0 to {})", level,
                            level, levels, levels - 1));
-  if (level > 0 && !TIFFSetDirectory(t.get(), tdir_t(level))) fail(path, fmt::format("libtiff: {}", tiff_error));
+  if (level > 0 && !TIFFSetDirectory(t.get(), tdir_t(level))) fail(path, fmt::format("libtiff: {}", tiff_error()));
   uint32_t w = 0, h = 0;
   uint16_t spp = 1, bps = 1, format = SAMPLEFORMAT_UINT, planar = PLANARCONFIG_CONTIG, photometric = 0,
            compression = COMPRESSION_NONE;
@@ -464,7 +450,7 @@ struct ImageFile::Impl {
     c.resize(size_t(tiled ? TIFFTileSize(t) : TIFFStripSize(t)));
     const tmsize_t got = tiled ? TIFFReadEncodedTile(t, index, c.data(), tmsize_t(c.size()))
                                : TIFFReadEncodedStrip(t, index, c.data(), tmsize_t(c.size()));
-    if (got < 0) fail(path, fmt::format("libtiff cannot decode {} {}: {}", tiled ? "tile" : "strip", index, tiff_error));
+    if (got < 0) fail(path, fmt::format("libtiff cannot decode {} {}: {}", tiled ? "tile" : "strip", index, tiff_error()));
     decoded += uint64_t(rows) * uint64_t(cols) * uint64_t(spp) * sizeof(float);
     return c;
   }
@@ -478,7 +464,7 @@ struct ImageFile::Impl {
     TIFFGetFieldDefaulted(t, TIFFTAG_COMPRESSION, &compression);
     TIFFGetField(t, TIFFTAG_PHOTOMETRIC, &photometric);
     if (compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR) spp = 3;
-    tiff_error.clear();
+    tiff_error().clear();
     std::map<uint32_t, std::vector<uint8_t>> kept;
     if (TIFFIsTiled(t)) {
       uint32_t tw = 0, th = 0;

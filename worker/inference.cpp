@@ -17,6 +17,7 @@
 #include "worker/launcher.hpp"
 #include "worker/layers.hpp"
 #include "worker/log.hpp"
+#include "worker/prediction_output.hpp"
 #include "worker/run_report.hpp"
 
 namespace ht {
@@ -65,92 +66,6 @@ void check_input_file(const std::string& path, const char* flag) {
     throw ConfigError(fmt::format("{} {}: {}", flag, path, problem));
 }
 
-// Rank 0's output file: written under a temporary name, renamed onto the real one only
-// when every image is in it, removed when anything fails.
-class PredictionFile {
- public:
-  PredictionFile(const std::string& path, const std::vector<int64_t>& shape)
-      : path_(path), temp_(h5::temp_path(path)) {
-    h5::quiet();
-    try {
-      file_ = h5::create_file(temp_);
-      std::vector<int64_t> chunk = shape;
-      chunk[0] = shape.size() == 2 ? std::min<int64_t>(shape[0], 4096) : 1;
-      if (shape.size() == 4) {
-        chunk[1] = std::min<int64_t>(shape[1], 256);
-        chunk[2] = std::min<int64_t>(shape[2], 256);
-      }
-      data_ = h5::create_dataset(file_, "predictions", H5T_IEEE_F32LE, shape, chunk);
-    } catch (const std::exception& e) {
-      std::remove(temp_.c_str());
-      throw ConfigError(fmt::format("--output {}: cannot create it: {}", path, e.what()));
-    }
-  }
-  ~PredictionFile() {
-    if (committed_) return;
-    data_ = h5::Hid();
-    file_ = h5::Hid();
-    std::remove(temp_.c_str());
-  }
-
-  // Image `index`, rows [row0, row0 + rows) x cols [col0, col0 + cols) of the output, from
-  // [C][rows][cols] raw outputs: turned into probabilities and written channels-last.
-  void write_tile(int64_t index, int row0, int col0, int C, int rows, int cols, const float* chw) {
-    std::vector<float> hwc(size_t(C) * rows * cols);
-    const size_t plane = size_t(rows) * cols;
-    for (size_t p = 0; p < plane; ++p) {
-      float* out = hwc.data() + p * C;
-      for (int c = 0; c < C; ++c) out[c] = chw[size_t(c) * plane + p];
-      activate(out, C);
-    }
-    write({index, row0, col0, 0}, {1, rows, cols, C}, hwc.data());
-  }
-  // Images [first, first + n) of a classifier, [n][K] raw outputs.
-  void write_rows(int64_t first, int n, int K, const float* rows) {
-    std::vector<float> v(rows, rows + size_t(n) * K);
-    for (int i = 0; i < n; ++i) activate(v.data() + size_t(i) * K, K);
-    write({first, 0}, {n, K}, v.data());
-  }
-  void commit() {
-    // Checked closes: a flush that fails (disk full) throws, and the destructor removes
-    // the temporary file instead of publishing a short one.
-    try {
-      data_.close();
-      file_.close();
-    } catch (const h5::H5Error& e) {
-      throw ConfigError(fmt::format("--output {}: writing it failed: {}", path_, e.reason()));
-    }
-    h5::commit_file(temp_, path_);
-    committed_ = true;
-  }
-
- private:
-  // A failed write (disk full, quota) is the user's to mend: exit 1 naming the file.
-  void write(const std::vector<int64_t>& start, const std::vector<int64_t>& count, const float* data) {
-    try {
-      h5::write_hyperslab(data_, start, count, H5T_NATIVE_FLOAT, data);
-    } catch (const h5::H5Error& e) {
-      throw ConfigError(fmt::format("--output {}: writing it failed: {}", path_, e.reason()));
-    }
-  }
-
-  // SPEC section 8: probabilities, the sigmoid of a single output, the softmax of several.
-  void activate(float* v, int k) const {
-    if (k == 1) {
-      v[0] = float(1.0 / (1.0 + std::exp(-double(v[0]))));
-    } else {
-      const double top = *std::max_element(v, v + k);
-      double sum = 0;
-      for (int i = 0; i < k; ++i) sum += std::exp(double(v[i]) - top);
-      for (int i = 0; i < k; ++i) v[i] = float(std::exp(double(v[i]) - top) / sum);
-    }
-  }
-
-  std::string path_, temp_;
-  h5::Hid file_, data_;
-  bool committed_ = false;
-};
-
 // One rank's device state for inference: backend, weights (no gradients), layers.
 class InferenceWorker {
  public:
@@ -188,7 +103,7 @@ class InferenceWorker {
 
   MetricValues evaluate(BatchSource& data) { return evaluate_file(layers_, *backend_, data, config_, plan_, rank_, *world_); }
 
-  void predict(BatchSource& data, PredictionFile* out);
+  void predict(BatchSource& data, PredictionSink* out);
 
  private:
   const Config& config_;
@@ -204,7 +119,7 @@ class InferenceWorker {
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 
-void InferenceWorker::predict(BatchSource& data, PredictionFile* out) {
+void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
   const ModelSpec& m = plan_.model;
   const int L = int(m.layers.size());
   const bool spatial = m.spatial_output();
@@ -316,7 +231,7 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
 }
 
 PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,
-                                const std::string& output) {
+                                const std::string& output, bool float32) {
   const ModelSpec model = build_model_spec(config);
   check_input_file(input, "--input");
   const Weights ckpt = choose_checkpoint(config, model, checkpoint);
@@ -330,8 +245,19 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
     const bool spatial = model.spatial_output();
     const std::vector<int64_t> shape = spatial ? std::vector<int64_t>{source.samples(), o.h, o.w, o.c}
                                                : std::vector<int64_t>{source.samples(), o.c};
-    std::unique_ptr<PredictionFile> out;
-    if (rank == 0) out = std::make_unique<PredictionFile>(output, shape);
+    std::unique_ptr<PredictionSink> out;
+    if (rank == 0) {
+      PredictionLayout layout{shape, {}, {}, float32};
+      const DataReader& reader = source.reader();
+      for (int64_t i = 0; i < source.samples(); ++i) {
+        layout.names.push_back(reader.image_name(i));
+        // The output rows and columns of the image's own part (data.fit: pad), rounded up.
+        const auto [h, w] = reader.image_extent(i);
+        layout.extents.emplace_back(int((int64_t(h) * o.h + reader.height() - 1) / reader.height()),
+                                    int((int64_t(w) * o.w + reader.width() - 1) / reader.width()));
+      }
+      out = open_prediction_output(output, input, layout);
+    }
     worker.predict(source, out.get());
     const uint64_t peak = max_of(worker.peaks());
     if (rank != 0) return;

@@ -30,12 +30,12 @@ struct PredictionResult {
   uint64_t peak_device_bytes = 0, predicted_peak_device_bytes = 0;
 };
 
-// Writes OUT's dataset `predictions` ([N, H', W', C'] probabilities of a fully
-// convolutional model, or [N, K] of a classifier: the sigmoid of one output, the softmax
-// of several; float32, chunked): every rank's output
-// tile goes to rank 0 in bands of rows, which writes them as hyperslabs into a temporary
-// file renamed onto `output` at the end.
+// Writes `output` (worker/prediction_output.hpp): an HDF5 file's dataset `predictions`
+// ([N, H', W', C'] probabilities of a fully convolutional model, or [N, K] of a classifier:
+// the sigmoid of one output, the softmax of several; float32, chunked), or a directory of
+// BigTIFFs (uint8, and float32 ones with `float32`) or a classifier's scores.csv. Every
+// rank's output tile goes to rank 0 in bands of rows, which writes them.
 PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,
-                                const std::string& output);
+                                const std::string& output, bool float32 = false);
 
 }  // namespace ht

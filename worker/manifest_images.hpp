@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "worker/data_reader.hpp"
@@ -33,6 +34,10 @@ class ManifestImages {
   uint64_t bytes_decoded() const { return decoded_; }
   // The largest value image `index`'s samples can take (data.scale: auto).
   double full_scale(int64_t index) const { return image_info_[size_t(index)].full_scale(); }
+  // Image `index`'s own size before data.fit, in file pixels (at data.level).
+  std::pair<int, int> image_size(int64_t index) const {
+    return {image_info_[size_t(index)].height, image_info_[size_t(index)].width};
+  }
   // DataReader::integer_bits.
   int integer_bits() const;
 
