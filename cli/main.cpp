@@ -48,7 +48,8 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
     std::cerr << "halotrain plan: " << verdict << "\n";
     return 1;
   }
-  const Plan plan = make_plan(config, std::move(shards));
+  Plan plan = make_plan(config, std::move(shards));
+  plan.decodes = data_whole_decodes(config, model);
   std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
   if (!html.empty()) {
     publish_page(html, render_report_html(config, plan, nullptr, read_thumbnail(config, model)));

@@ -21,6 +21,17 @@ namespace ht {
 // The most shards `grid: auto` and the "smallest grid that fits" search consider.
 constexpr int kMaxAutoShards = 256;
 
+// Image files that cannot be streamed (SPEC section 13: interlaced PNG, progressive JPEG, a
+// DICOM frame) are decoded whole, once per image and reader, in host memory beside a rank's
+// other figures. Read from the manifests' headers by the worker side (worker/batch.hpp
+// data_whole_decodes); all zero for HDF5 data.
+struct WholeDecodes {
+  int64_t rows = 0;       // of data.train's and data.validation's manifests
+  int64_t images = 0;     // of them decoded whole
+  uint64_t per_rank = 0;  // the most a rank's readers hold at once, decoded and being decoded
+  std::string largest;    // the row behind it: "train.csv:4: a.dcm (DICOM 4728x5928, ...)"
+};
+
 struct Plan {
   ShardPlan shards;               // holds the model spec
   LayerPolicies policies;         // one per layer, the same on every rank
@@ -32,6 +43,7 @@ struct Plan {
   // against the budget, an accumulate that would fit on this grid, and the smallest grid
   // that fits (or that none up to kMaxAutoShards shards does).
   std::string verdict;
+  WholeDecodes decodes;  // filled by those that read the data's headers: the CLI, the launcher
   const ModelSpec& model() const { return shards.model; }
   bool fits() const { return verdict.empty(); }
 };

@@ -213,6 +213,17 @@ std::string render_plan_text(const Config& config, const Plan& job) {
                      format_size(e.transient), format_size(e.halo), format_size(e.workspace),
                      format_size(e.total), e.total <= budget ? "FITS" : "DOES NOT FIT",
                      format_size(e.host_offload)));
+  if (const WholeDecodes& d = job.decodes; d.rows > 0) {
+    if (d.images == 0)
+      line(fmt::format("  data: {} image files, every one streamed: a rank decodes only the tiles or rows under "
+                       "its shard",
+                       d.rows));
+    else
+      line(fmt::format("  data: {} of {} image files cannot be streamed (interlaced PNG, progressive JPEG, a DICOM "
+                       "frame) and are decoded whole, once per image: up to {} of host memory per rank beside the "
+                       "above (the largest: {})",
+                       d.images, d.rows, format_size(d.per_rank), d.largest));
+  }
   line("");
 
   const DeviceCostModel device = cost_model_for(config);
@@ -260,6 +271,9 @@ std::string render_plan_json(const Config& config, const Plan& job) {
                    json_string(to_string(config.parallel.backend)));
   s += fmt::format("  \"device_memory\": {},\n", budget);
 
+  if (job.decodes.rows > 0)
+    s += fmt::format("  \"data_files\": {{\"images\": {}, \"decoded_whole\": {}, \"whole_decode_bytes_per_rank\": {}}},\n",
+                     job.decodes.rows, job.decodes.images, job.decodes.per_rank);
   s += "  \"ranks\": [\n";
   for (size_t i = 0; i < est.size(); ++i) {
     const MemoryEstimate& e = est[i];

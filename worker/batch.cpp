@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <future>
+#include <tuple>
 
+#include "worker/manifest.hpp"
+#include "worker/manifest_images.hpp"
 #include "worker/params.hpp"
 
 namespace ht {
@@ -50,6 +53,22 @@ DataReaderOptions options_for(const Config& config, const ModelSpec& model, Data
 }
 
 }  // namespace
+
+WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model) {
+  WholeDecodes all;
+  uint64_t largest = 0;
+  for (const auto& [file, key, purpose] : {std::tuple{config.data.train, "data.train", DataPurpose::Train},
+                                          std::tuple{config.data.validation, "data.validation", DataPurpose::Evaluate}}) {
+    if (file.empty() || !is_manifest(file)) continue;
+    const ManifestImages images(file, options_for(config, model, purpose, key));
+    const ManifestImages::WholeDecodes w = images.whole_decodes();
+    all.rows += int64_t(images.manifest().rows.size());
+    all.images += w.images;
+    all.per_rank += w.bytes;  // a rank's training and validation readers each keep theirs
+    if (w.bytes > largest) largest = w.bytes, all.largest = w.largest;
+  }
+  return all;
+}
 
 BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, ComputeBackend& backend,
                          DataPurpose purpose, const std::string& path)

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "orchestrator/plan.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/backend.hpp"
 #include "worker/data_reader.hpp"
@@ -37,6 +38,10 @@ enum class DataPurpose {
 
 // The draws of one training image (SPEC section 8): a function of (seed, step, index).
 SampleView augment_view(const Config& config, int64_t step, int64_t sample, int view_height, int view_width);
+
+// What the manifests among data.train and data.validation decode whole (orchestrator/plan.hpp
+// WholeDecodes), from their files' headers; ConfigError as a run's reader would say it.
+WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model);
 
 class BatchSource {
  public:

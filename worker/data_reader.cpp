@@ -275,9 +275,10 @@ struct DataReader::Impl {
     buffer.resize(size_t(band) * f * file_cols * C);
     const size_t plane = size_t(rows) * cols;
     const double box = double(f) * f;
-    for (int b0 = 0; b0 < rows; b0 += band) {
-      const int nb = std::min(band, rows - b0);
-      const int src_lo = v.flip_rows ? rows - b0 - nb : b0;  // in file order
+    // Bands in the file's order of rows, also when mirrored, so a PNG or JPEG stream is
+    // decoded once rather than started again for every band.
+    for (int src_lo = 0; src_lo < rows; src_lo += band) {
+      const int nb = std::min(band, rows - src_lo);
       const int64_t first_row = row0 + int64_t(src_lo) * f;
       read_block(mask, index, first_row, col0, int64_t(nb) * f, file_cols, C, buffer.data());
       for (int i = 0; i < nb; ++i) {

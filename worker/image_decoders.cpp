@@ -8,10 +8,14 @@
 #include <openslide/openslide.h>
 #include <tiffio.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "orchestrator/config.hpp"
@@ -122,11 +126,19 @@ void quiet_gdcm() {
   (void)quiet;
 }
 
+namespace {
+// Where an uncompressed frame's values start when GDCM stopped at `position`, checked
+// against the element's header and the file's size; 0 when it is not laid out so.
+int64_t uncompressed_values_at(const std::string& path, int64_t position, const ImageInfo& info);
+}  // namespace
+
 ImageInfo probe_dicom(const std::string& path) {
   quiet_gdcm();
   gdcm::Reader r;
   r.SetFileName(path.c_str());
-  if (!r.ReadUpToTag(gdcm::Tag(0x7fe0, 0x0010))) fail(path, "GDCM cannot read its DICOM header");
+  const gdcm::Tag pixel_data(0x7fe0, 0x0010);
+  // Up to the pixel data, its values skipped (not read into memory).
+  if (!r.ReadUpToTag(pixel_data, {pixel_data})) fail(path, "GDCM cannot read its DICOM header");
   const gdcm::DataSet& ds = r.GetFile().GetDataSet();
   auto need = [&](bool present, const char* what) {
     if (!present) fail(path, fmt::format("its DICOM header has no {}: not an image", what));
@@ -201,7 +213,82 @@ ImageInfo probe_dicom(const std::string& path) {
     i.Set(ds);
     info.intercept = i.GetValue();
   }
+  bool interleaved = true;
+  if (spp == 3 && has<0x0028, 0x0006>(ds)) {
+    gdcm::Attribute<0x0028, 0x0006> planar;
+    planar.Set(ds);
+    interleaved = planar.GetValue() == 0;
+  }
+  const gdcm::TransferSyntax ts = r.GetFile().GetHeader().GetDataSetTransferSyntax();
+  if (interleaved && (ts == gdcm::TransferSyntax::ImplicitVRLittleEndian ||
+                      ts == gdcm::TransferSyntax::ExplicitVRLittleEndian))
+    info.data_offset = uncompressed_values_at(path, int64_t(r.GetStreamCurrentPosition()), info);
+  info.streamed = info.data_offset > 0;
   return info;
+}
+
+namespace {
+
+// One stored sample as the value halotrain reads: the stored bits, sign-extended, inverted
+// on the stored range (MONOCHROME1, INVERSE), then rescaled.
+float dicom_value(const char* p, const ImageInfo& info) {
+  const int64_t top = (int64_t(1) << info.bits_stored) - 1;
+  int64_t v;
+  if (info.bits == 16) {
+    uint16_t u;
+    std::memcpy(&u, p, 2);
+    v = u;
+  } else {
+    v = uint8_t(*p);
+  }
+  v &= top;  // only the stored bits count
+  if (info.is_signed && (v >> (info.bits_stored - 1)) & 1) v -= int64_t(1) << info.bits_stored;
+  if (info.invert) v = info.is_signed ? -1 - v : top - v;
+  return float(double(v) * info.slope + info.intercept);
+}
+
+int64_t uncompressed_values_at(const std::string& path, int64_t position, const ImageInfo& info) {
+  // GDCM stops after the Pixel Data element's header: (7FE0,0010), then "OW"/"OB", 2 reserved
+  // bytes and a 4-byte length (explicit VR), or the 4-byte length alone (implicit VR).
+  if (position < 12) return 0;
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const int64_t size = int64_t(f.tellg());
+  unsigned char h[12];
+  f.seekg(position - 12);
+  if (!f.read(reinterpret_cast<char*>(h), 12)) return 0;
+  const unsigned char tag[4] = {0xe0, 0x7f, 0x10, 0x00};
+  const bool explicit_vr = std::memcmp(h, tag, 4) == 0 && h[6] == 0 && h[7] == 0 &&
+                           (std::memcmp(h + 4, "OW", 2) == 0 || std::memcmp(h + 4, "OB", 2) == 0);
+  const bool implicit_vr = std::memcmp(h + 4, tag, 4) == 0;
+  if (!explicit_vr && !implicit_vr) return 0;
+  const uint64_t length = uint64_t(h[8]) | uint64_t(h[9]) << 8 | uint64_t(h[10]) << 16 | uint64_t(h[11]) << 24;
+  const uint64_t need = uint64_t(info.height) * uint64_t(info.width) * uint64_t(info.channels) * uint64_t(info.bits / 8);
+  if (length == 0xffffffffu || length < need || uint64_t(position) + need > uint64_t(size))
+    fail(path, fmt::format("its pixel data holds {} bytes, fewer than the {}x{}x{} the header says",
+                           std::min<uint64_t>(length, uint64_t(std::max<int64_t>(size - position, 0))), info.height,
+                           info.width, info.channels));
+  return position;
+}
+
+}  // namespace
+
+void read_dicom_rows(const std::string& path, const ImageInfo& info, int fd, int64_t row0, int64_t col0, int rows,
+                     int cols, std::vector<char>& buffer, float* out) {
+  const size_t bytes = size_t(info.bits / 8), C = size_t(info.channels);
+  buffer.resize(size_t(cols) * C * bytes);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t at = info.data_offset + ((row0 + r) * int64_t(info.width) + col0) * int64_t(C * bytes);
+    size_t got = 0;
+    while (got < buffer.size()) {
+      const ssize_t n = ::pread(fd, buffer.data() + got, buffer.size() - got, off_t(at + int64_t(got)));
+      if (n <= 0) fail(path, fmt::format("reading its pixel data failed at byte {}: {}", at + int64_t(got),
+                                         n == 0 ? "the file ends" : std::strerror(errno)));
+      got += size_t(n);
+    }
+    float* o = out + size_t(r) * cols * C;
+    for (size_t i = 0; i < size_t(cols) * C; ++i) o[i] = dicom_value(buffer.data() + i * bytes, info);
+  }
 }
 
 
@@ -222,22 +309,7 @@ std::vector<float> decode_dicom(const std::string& path, const ImageInfo& info) 
     fail(path, fmt::format("its pixel data holds {} bytes, fewer than the {}x{}x{} the header says", raw.size(),
                            info.height, info.width, info.channels));
   std::vector<float> whole(n);
-  const int64_t top = (int64_t(1) << info.bits_stored) - 1;  // the stored bits' range
-  for (size_t i = 0; i < n; ++i) {
-    int64_t v;
-    if (bytes == 2) {
-      uint16_t u;
-      std::memcpy(&u, raw.data() + 2 * i, 2);
-      v = u;
-    } else {
-      v = uint8_t(raw[i]);
-    }
-    v &= top;  // only the stored bits count
-    if (info.is_signed && (v >> (info.bits_stored - 1)) & 1) v -= int64_t(1) << info.bits_stored;
-    // MONOCHROME1, or an INVERSE presentation LUT: inverted on the stored range first.
-    if (info.invert) v = info.is_signed ? -1 - v : top - v;
-    whole[i] = float(double(v) * info.slope + info.intercept);
-  }
+  for (size_t i = 0; i < n; ++i) whole[i] = dicom_value(raw.data() + bytes * i, info);
   return whole;
 }
 

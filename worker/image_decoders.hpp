@@ -25,8 +25,14 @@ std::string& tiff_error();
 
 // DICOM: the header without the pixels, and the whole frame as float HWC: the stored bits,
 // inverted for MONOCHROME1 or an INVERSE presentation LUT, then rescaled.
+// An uncompressed frame (little-endian transfer syntaxes, samples interleaved) is streamed:
+// its values lie at info.data_offset, read by read_dicom_rows without GDCM.
 ImageInfo probe_dicom(const std::string& path);
 std::vector<float> decode_dicom(const std::string& path, const ImageInfo& info);
+// Rows [row0, row0 + rows) x cols [col0, col0 + cols) of a streamed frame, through `file`
+// (open on `path`), as float HWC; `buffer` holds one row's stored samples.
+void read_dicom_rows(const std::string& path, const ImageInfo& info, int fd, int64_t row0, int64_t col0, int rows,
+                     int cols, std::vector<char>& buffer, float* out);
 
 // OpenSlide's name for the vendor of `path` when it reads the file better than libtiff
 // (JPEG 2000 SVS, NDPI over 4 GB, MRXS); "" for a plain tiled TIFF and anything else.

@@ -7,9 +7,11 @@
 #include <cstdio>  // before jpeglib.h, which needs FILE
 #include <jpeglib.h>
 // clang-format on
-
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -216,6 +218,8 @@ struct JpegReader {
     out->width = int(cinfo.output_width);
     out->channels = int(cinfo.output_components);
     out->bits = 8;
+    // A progressive file's scans each cover the whole image: libjpeg holds all of it.
+    out->streamed = !jpeg_has_multiple_scans(&cinfo);
     next_row = 0;
     return true;
   }
@@ -343,8 +347,15 @@ struct ImageFile::Impl {
   // slides
   std::unique_ptr<image_decoders::Slide> slide;
   float transparent = 0.f;
-  // DICOM, and interlaced PNG: the whole image, decoded once, as float HWC
+  // A compressed DICOM frame, an interlaced PNG, a progressive JPEG: the whole image,
+  // decoded once, as float HWC
   std::vector<float> whole;
+  // An uncompressed DICOM frame: the file, and one row's stored samples
+  int dicom_fd = -1;
+  std::vector<char> dicom_row;
+  ~Impl() {
+    if (dicom_fd >= 0) ::close(dicom_fd);
+  }
 
   int bytes_per_sample() const { return info.floating ? 4 : info.bits == 16 ? 2 : 1; }
 
@@ -386,6 +397,7 @@ struct ImageFile::Impl {
     }
     row_bytes.resize(row_size);
     png_bytep pointer = row_bytes.data();
+    decoded += uint64_t(row0 - png->next_row) * info.width * C * sizeof(float);  // decoded to be dropped
     while (png->next_row < row0)
       if (!png->read_rows(&pointer, 1)) fail(path, fmt::format("libpng cannot decode it: {}", png->error));
     for (int r = 0; r < rows; ++r) {
@@ -399,11 +411,29 @@ struct ImageFile::Impl {
 
   void read_jpeg(int64_t row0, int64_t col0, int rows, int cols, float* out) {
     const int C = info.channels;
+    if (!info.streamed) {  // progressive: decoded whole once, as libjpeg must anyway
+      if (whole.empty()) {
+        ImageInfo again;
+        if (!jpeg->open(&again)) fail(path, fmt::format("libjpeg: {}", jpeg->err.message));
+        whole.resize(size_t(info.height) * info.width * C);
+        row_bytes.resize(size_t(info.width) * C);
+        for (int64_t r = 0; r < info.height; ++r) {
+          if (!jpeg->read_row(row_bytes.data()))
+            fail(path, fmt::format("libjpeg cannot decode it: {}", jpeg->err.message));
+          std::copy(row_bytes.begin(), row_bytes.end(), whole.begin() + r * info.width * C);
+        }
+        jpeg->close();
+        decoded += whole.size() * sizeof(float);
+      }
+      copy_from_whole(row0, col0, rows, cols, out);
+      return;
+    }
     if (!jpeg->created || jpeg->next_row > row0) {  // scanlines go forward only: start again
       ImageInfo again;
       if (!jpeg->open(&again)) fail(path, fmt::format("libjpeg: {}", jpeg->err.message));
     }
     row_bytes.resize(size_t(info.width) * C);
+    decoded += uint64_t(row0 - jpeg->next_row) * info.width * C * sizeof(float);  // decoded to be dropped
     while (jpeg->next_row < row0)
       if (!jpeg->read_row(row_bytes.data())) fail(path, fmt::format("libjpeg cannot decode it: {}", jpeg->err.message));
     for (int r = 0; r < rows; ++r) {
@@ -491,6 +521,13 @@ struct ImageFile::Impl {
   }
 
   void read_dicom(int64_t row0, int64_t col0, int rows, int cols, float* out) {
+    if (info.streamed) {  // uncompressed: the block's rows read where they lie
+      if (dicom_fd < 0 && (dicom_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC)) < 0)
+        fail(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
+      image_decoders::read_dicom_rows(path, info, dicom_fd, row0, col0, rows, cols, dicom_row, out);
+      decoded += uint64_t(rows) * uint64_t(cols) * uint64_t(info.channels) * sizeof(float);
+      return;
+    }
     if (whole.empty()) {
       whole = image_decoders::decode_dicom(path, info);
       decoded += whole.size() * sizeof(float);

@@ -125,6 +125,27 @@ ManifestImages::ManifestImages(const std::string& path, const DataReaderOptions&
 
 ManifestImages::~ManifestImages() = default;
 
+ManifestImages::WholeDecodes ManifestImages::whole_decodes() const {
+  // The floats kept (HWC) and, while it decodes, the file's samples (1, 2 or 4 bytes each).
+  auto bytes = [](const ImageInfo& info) -> uint64_t {
+    if (info.streamed) return 0;
+    const uint64_t sample = info.bits <= 8 ? 1 : info.bits <= 16 ? 2 : 4;
+    return uint64_t(info.height) * uint64_t(info.width) * uint64_t(info.channels) * (sizeof(float) + sample);
+  };
+  WholeDecodes w;
+  for (size_t i = 0; i < image_info_.size(); ++i) {
+    const uint64_t image = bytes(image_info_[i]), target = i < target_info_.size() ? bytes(target_info_[i]) : 0;
+    if (image + target == 0) continue;
+    ++w.images;
+    if (image + target <= w.bytes) continue;
+    w.bytes = image + target;
+    const ManifestRow& r = manifest_.rows[i];
+    w.largest = image >= target ? fmt::format("{}:{}: {} ({})", path_, r.line, r.image, image_info_[i].describe())
+                                : fmt::format("{}:{}: {} ({})", path_, r.line, r.target, target_info_[i].describe());
+  }
+  return w;
+}
+
 void ManifestImages::fail(const std::string& what) const { throw ConfigError(fmt::format("{}: {}", path_, what)); }
 
 TargetKind ManifestImages::targets() const {

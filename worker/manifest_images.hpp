@@ -38,6 +38,14 @@ class ManifestImages {
   std::pair<int, int> image_size(int64_t index) const {
     return {image_info_[size_t(index)].height, image_info_[size_t(index)].width};
   }
+  // The rows whose files are decoded whole (image or target not streamed), and the most one
+  // reader holds at once for one of them: the floats kept and the samples being decoded.
+  struct WholeDecodes {
+    int64_t images = 0;
+    uint64_t bytes = 0;
+    std::string largest;  // "CSV:LINE: FILE (what it is)"
+  };
+  WholeDecodes whole_decodes() const;
   // DataReader::integer_bits.
   int integer_bits() const;
 

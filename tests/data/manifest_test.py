@@ -7,10 +7,11 @@ here with numpy (DICOM: MONOCHROME1 inverted on the stored bits, then the rescal
 written to an HDF5 file too. Training from the manifest equals training from that HDF5
 file bit for bit:
 
-- gray images in every format at once (PNG 8 and 16 bit, JPEG baseline and progressive
+- gray images in every format at once (PNG 8 and 16 bit and interlaced, JPEG baseline and progressive
   (the values libjpeg gives PIL), TIFF tiled and in strips,
   compressed and not, float32 TIFF, DICOM MONOCHROME1/2 with 12 of 16 bits and a rescale,
-  JPEG lossless and JPEG 2000 DICOM) on grid 2x2, and under mpirun;
+  JPEG lossless and JPEG 2000 DICOM) on grid 2x2, and under mpirun; `plan` counts the
+  files decoded whole (interlaced PNG, progressive JPEG, DICOM) and their host memory;
 - whole-slide images (Aperio-style pyramids) through OpenSlide at data.level 0 and 1;
 - RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB; data.channels converting RGB
   files to gray (ITU-R 601-2 luma) and gray files to RGB;
@@ -88,6 +89,23 @@ def dicom_values(stored, bits_stored, invert, slope=1.0, intercept=0.0):
     return (v * slope + intercept).astype(np.float32)
 
 
+def write_interlaced_png(name, a):
+    """An 8-bit gray Adam7-interlaced PNG (PIL writes none): each pass's rows, filter 0."""
+    import struct
+    import zlib
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+    raw = b""
+    for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+                           (0, 1, 1, 2)):
+        sub = a[y0::dy, x0::dx]
+        if sub.size:
+            raw += b"".join(b"\0" + row.tobytes() for row in sub)
+    with open(path(name), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", a.shape[1], a.shape[0], 8, 0, 0, 0, 1))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
 def gray_images(rng):
     """(file name, the values halotrain must read) for every gray format."""
     out = []
@@ -97,6 +115,12 @@ def gray_images(rng):
     a16 = rng.integers(0, 65536, (H, W)).astype(np.uint16)
     PIL.Image.fromarray(a16.astype(np.int32), mode="I").convert("I;16").save(path("g16.png"))
     out.append(("g16.png", np.asarray(PIL.Image.open(path("g16.png")), dtype=np.float32)))
+    ai = rng.integers(0, 256, (H, W)).astype(np.uint8)
+    write_interlaced_png("interlaced.png", ai)
+    check("the test's interlaced PNG is Adam7 and reads back as written (PIL)",
+          PIL.Image.open(path("interlaced.png")).info.get("interlace") == 1
+          and np.array_equal(np.asarray(PIL.Image.open(path("interlaced.png"))), ai))
+    out.append(("interlaced.png", ai.astype(np.float32)))
     for name, progressive in (("g.jpg", False), ("g-progressive.jpg", True)):
         PIL.Image.fromarray(rng.integers(0, 256, (H, W)).astype(np.uint8)).save(path(name), quality=90,
                                                                                    progressive=progressive)
@@ -217,6 +241,17 @@ def main():
     same_training(f"{len(gray)} gray images (PNG, JPEG, TIFF, BigTIFF, DICOM raw, JPEG lossless, JPEG 2000) train as "
                   "their HDF5 twin on 2x2, bit for bit", config("gray_csv", "gray.csv"), config("gray_h5", "gray.h5"))
     same_training("and under mpirun -np 4", config("gray_csv_mpi", "gray.csv"), config("gray_h5_mpi", "gray.h5"), mpi=4)
+    # The plan counts what cannot be streamed: the interlaced PNG, the progressive JPEG and the
+    # two compressed DICOM frames are decoded whole (the uncompressed ones are read where their
+    # rows lie); the largest holds a 16-bit frame's samples and floats.
+    r = subprocess.run([BIN, "plan", path("gray_csv.yaml"), "--json"], capture_output=True, text=True, timeout=120)
+    got = json.loads(r.stdout).get("data_files") if r.returncode == 0 else None
+    check("plan counts the files decoded whole and the host memory they hold per rank",
+          got == {"images": len(gray), "decoded_whole": 4, "whole_decode_bytes_per_rank": H * W * (4 + 2)},
+          (got, r.stderr[-800:]))
+    r = subprocess.run([BIN, "plan", path("gray_csv.yaml")], capture_output=True, text=True, timeout=120)
+    check("and says so in its text", f"data: 4 of {len(gray)} image files cannot be streamed" in r.stdout
+          and "jpegll.dcm" in r.stdout, r.stdout[-1500:])
 
     # 2. RGB.
     rgb = []

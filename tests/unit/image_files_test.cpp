@@ -1,6 +1,7 @@
 // Image files read in place (SPEC section 13): a rank's tile of a tiled TIFF decodes only
 // the TIFF tiles under it, a strip TIFF only its strips; the values are the file's.
 #include <gtest/gtest.h>
+#include <png.h>
 #include <tiffio.h>
 #include <unistd.h>
 
@@ -154,6 +155,34 @@ TEST_F(ImageFilesTest, HeadersThatClaimTooMuchAreRefusedBeforeAnyAllocation) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("more than halotrain reads"), std::string::npos) << e.what();
   }
+}
+
+// A PNG is a stream: rows are decoded in order, and a read that starts above the last one
+// starts the stream again. A mirrored view reads its bands in the file's order too, so the
+// rows under a rank's tile are decoded once (the rows above it are decoded and dropped).
+TEST_F(ImageFilesTest, AMirroredPngTileDecodesItsStreamOnce) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = image.height = kSide;
+  image.format = PNG_FORMAT_GRAY;
+  std::vector<uint8_t> pixels(size_t(kSide) * kSide);
+  for (int y = 0; y < kSide; ++y)
+    for (int x = 0; x < kSide; ++x) pixels[size_t(y) * kSide + x] = pattern(y, x);
+  ASSERT_NE(png_image_write_to_file(&image, file("g.png").c_str(), 0, pixels.data(), 0, nullptr), 0);
+  DataReader reader = reader_of(file("g.png"));
+  const Rect r{{kSide / 2, kSide}, {0, kSide / 2}};
+  std::vector<float> out(size_t(r.area()));
+  SampleView mirrored;
+  mirrored.flip_rows = true;  // the view's bottom half is the file's top half
+  reader.read_image_tile(0, r, 1.f, out.data(), mirrored);
+  EXPECT_EQ(reader.bytes_read(), uint64_t(kSide / 2) * kSide * sizeof(float));  // rows [0, kSide/2), once
+  for (int y = 0; y < r.rows.size(); y += 61)
+    for (int x = 0; x < r.cols.size(); x += 67)
+      ASSERT_EQ(out[size_t(y) * r.cols.size() + x], float(pattern(kSide - 1 - (r.rows.lo + y), x)));
+  const Rect low{{0, kSide / 2}, {0, kSide / 2}};  // the file's bottom half, mirrored: rows above it skipped
+  DataReader again = reader_of(file("g.png"));
+  again.read_image_tile(0, low, 1.f, out.data(), mirrored);
+  EXPECT_EQ(again.bytes_read(), uint64_t(kSide) * kSide * sizeof(float));
 }
 
 }  // namespace
