@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 #include <png.h>
 #include <tiffio.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "orchestrator/config.hpp"
 #include "worker/data_reader.hpp"
@@ -183,6 +186,80 @@ TEST_F(ImageFilesTest, AMirroredPngTileDecodesItsStreamOnce) {
   DataReader again = reader_of(file("g.png"));
   again.read_image_tile(0, low, 1.f, out.data(), mirrored);
   EXPECT_EQ(again.bytes_read(), uint64_t(kSide) * kSide * sizeof(float));
+}
+
+// SPEC section 13's promise at the size it is for: a 40000 x 40000 tiled BigTIFF (1.6 G
+// pixels; its tiles written precompressed, seven patterns in turn) read by the data reader
+// alone on a 2x2 grid. Each rank decodes exactly the TIFF tiles under its shard, and the
+// reader's buffers beside the shard's own output stay within one band of tiles: the
+// process's peak resident memory grows by the output buffer and at most 64 MiB.
+TEST_F(ImageFilesTest, A40000SquareTiffRankReadsOnlyItsTilesWithinOneBand) {
+  constexpr int kBig = 40000, kBigTile = 512, kVariants = 7;
+  auto value = [](int64_t y, int64_t x) {
+    const int64_t variant = ((y / kBigTile) * 3 + x / kBigTile) % kVariants;
+    return uint8_t((variant * 37 + (y % kBigTile) * 7 + (x % kBigTile) * 3) % 251);
+  };
+  const std::string path = file("big.tif");
+  {
+    TIFF* t = TIFFOpen(path.c_str(), "w8");
+    ASSERT_NE(t, nullptr);
+    TIFFSetField(t, TIFFTAG_IMAGEWIDTH, kBig);
+    TIFFSetField(t, TIFFTAG_IMAGELENGTH, kBig);
+    TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
+    TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
+    TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
+    TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+    TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+    TIFFSetField(t, TIFFTAG_TILEWIDTH, kBigTile);
+    TIFFSetField(t, TIFFTAG_TILELENGTH, kBigTile);
+    std::vector<std::vector<uint8_t>> packed(kVariants);
+    std::vector<uint8_t> tile(size_t(kBigTile) * kBigTile);
+    for (int v = 0; v < kVariants; ++v) {
+      for (int y = 0; y < kBigTile; ++y)
+        for (int x = 0; x < kBigTile; ++x) tile[size_t(y) * kBigTile + x] = uint8_t((v * 37 + y * 7 + x * 3) % 251);
+      uLongf n = compressBound(uLong(tile.size()));
+      packed[size_t(v)].resize(n);
+      ASSERT_EQ(compress2(packed[size_t(v)].data(), &n, tile.data(), uLong(tile.size()), 6), Z_OK);
+      packed[size_t(v)].resize(n);
+    }
+    const int tiles = (kBig + kBigTile - 1) / kBigTile;
+    for (int ty = 0; ty < tiles; ++ty)
+      for (int tx = 0; tx < tiles; ++tx) {
+        std::vector<uint8_t>& p = packed[size_t((ty * 3 + tx) % kVariants)];
+        ASSERT_GT(TIFFWriteRawTile(t, TIFFComputeTile(t, uint32_t(tx * kBigTile), uint32_t(ty * kBigTile), 0, 0),
+                                   p.data(), tmsize_t(p.size())),
+                  0);
+      }
+    TIFFClose(t);
+  }
+  std::ofstream(file("m.csv")) << "image,label\nbig.tif,1\n";
+  DataReaderOptions o;
+  o.height = o.width = kBig;
+  o.channels = 1;
+  o.classes = 2;
+  std::vector<float> out(size_t(kBig / 2) * (kBig / 2));
+  std::fill(out.begin(), out.end(), -1.f);  // resident before the reads
+  auto peak_bytes = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return uint64_t(u.ru_maxrss) * 1024;
+  };
+  const uint64_t before = peak_bytes();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 2; ++j) {
+      DataReader reader(file("m.csv"), o);
+      const Rect r{{kBig * i / 2, kBig * (i + 1) / 2}, {kBig * j / 2, kBig * (j + 1) / 2}};
+      reader.read_image_tile(0, r, 1.f, out.data());
+      // The tiles under the shard, whole (libtiff decodes the edge tiles at their full size).
+      EXPECT_EQ(reader.bytes_read(), decoded_bytes(r, kBigTile, kBigTile)) << "shard " << i << "," << j;
+      for (int64_t y = 0; y < r.rows.size(); y += 997)
+        for (int64_t x = 0; x < r.cols.size(); x += 1009)
+          ASSERT_EQ(out[size_t(y) * r.cols.size() + size_t(x)], float(value(r.rows.lo + y, r.cols.lo + x)))
+              << "shard " << i << "," << j << " row " << y << " col " << x;
+    }
+  const uint64_t grown = peak_bytes() - before;
+  std::cout << "peak resident memory beside the shard's output: " << (grown >> 20) << " MiB\n";
+  EXPECT_LT(grown, uint64_t(64) << 20) << "the reader's buffers beside the shard's output";
 }
 
 }  // namespace
