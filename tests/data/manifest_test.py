@@ -12,7 +12,8 @@ file bit for bit:
   compressed and not, float32 TIFF, DICOM MONOCHROME1/2 with 12 of 16 bits and a rescale,
   JPEG lossless and JPEG 2000 DICOM) on grid 2x2, and under mpirun; `plan` counts the
   files decoded whole (interlaced PNG, progressive JPEG, DICOM) and their host memory;
-- whole-slide images (Aperio-style pyramids) through OpenSlide at data.level 0 and 1;
+- whole-slide images (Aperio-style pyramids) through OpenSlide at data.level 0 and 1; a
+  missing tile, transparent to OpenSlide, reads as data.pad_value;
 - RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB; data.channels converting RGB
   files to gray (ITU-R 601-2 luma) and gray files to RGB;
 - masks (PNG) and class maps (palette PNG) for a U-Net-like model;
@@ -312,6 +313,28 @@ def main():
     level0 = {"model.input": [2 * H, 2 * W, 3]}
     same_training("and at level 0", config("slides0_csv", "slides.csv", channels=3, **level0),
                   config("slides0_h5", "slides0.h5", channels=3, **level0))
+    # A tile missing from a slide (its byte count 0): OpenSlide renders it transparent, and
+    # transparent pixels read as data.pad_value.
+    holes = []
+    for i, (n, a, _) in enumerate(slides):
+        data = bytearray(open(path(n), "rb").read())
+        with tifffile.TiffFile(path(n)) as t:
+            counts = t.pages[0].tags["TileByteCounts"]
+            size = {3: 2, 4: 4, 16: 8}[int(counts.dtype)]
+        missing = i  # tile (0, i) of level 0 (4 tiles of 16 x 16 pixels across)
+        data[counts.valueoffset + size * missing:counts.valueoffset + size * (missing + 1)] = b"\0" * size
+        with open(path(f"hole{i}.svs"), "wb") as f:
+            f.write(bytes(data))
+        v = a.astype(np.float32)
+        v[:16, 16 * missing:16 * (missing + 1)] = 9.0
+        holes.append(v)
+    check("the test's missing tiles are transparent to OpenSlide",
+          np.asarray(openslide.OpenSlide(path("hole1.svs")).read_region((16, 0), 0, (16, 16)))[..., 3].max() == 0)
+    write_csv("holes.csv", "image,label", [(f"hole{i}.svs", i % 2) for i in range(4)])
+    write_h5("holes.h5", holes, np.array([0, 1, 0, 1], dtype=np.int32))
+    same_training("a slide's transparent pixels (a missing tile) read as data.pad_value",
+                  config("holes_csv", "holes.csv", channels=3, **level0, **{"data.pad_value": 9.0}),
+                  config("holes_h5", "holes.h5", channels=3, **level0))
 
     # 3. Masks (BCE) and class maps (softmax over 3 classes, a palette PNG), per pixel.
     seg = [dict(type="conv2d", filters=4, kernel=3, padding="same"), dict(type="relu"),
