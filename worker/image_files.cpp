@@ -48,12 +48,14 @@ std::string ImageInfo::describe() const {
     if (slope != 1 || intercept != 0) s += fmt::format(", rescale {} x + {}", slope, intercept);
     return s;
   }
-  return s + fmt::format("{} bits", bits);
+  return s + fmt::format("{} bits{}", bits, is_signed ? " signed" : "");
 }
 
 double ImageInfo::full_scale() const {
   if (floating) return 1.0;
   const int b = format == ImageFormat::DICOM ? bits_stored : bits;
+  // A signed TIFF's range is [-2^(b-1), 2^(b-1) - 1]: scaled into [-1, 1).
+  if (is_signed && format != ImageFormat::DICOM) return double(uint64_t(1) << (b - 1));
   return double((uint64_t(1) << b) - 1);
 }
 
@@ -273,13 +275,14 @@ TiffPtr open_tiff(const std::string& path, int level, ImageInfo* out) {
   else if (photometric == PHOTOMETRIC_YCBCR)
     fail(path, "is YCbCr without JPEG compression; halotrain reads gray or RGB TIFFs");
   if (photometric == PHOTOMETRIC_PALETTE) fail(path, "is a palette TIFF; halotrain reads gray or RGB TIFFs");
-  if (planar != PLANARCONFIG_CONTIG && spp > 1)
-    fail(path, "stores its channels in separate planes (PlanarConfiguration 2); halotrain reads interleaved ones");
+  if (planar != PLANARCONFIG_CONTIG && compression == COMPRESSION_JPEG && spp > 1)
+    fail(path, "is JPEG-compressed with its channels in separate planes; halotrain reads such files interleaved");
   const bool ok = (format == SAMPLEFORMAT_UINT && (bps == 8 || bps == 16 || bps == 1)) ||
+                  (format == SAMPLEFORMAT_INT && (bps == 8 || bps == 16)) ||
                   (format == SAMPLEFORMAT_IEEEFP && bps == 32);
   if (!ok)
-    fail(path, fmt::format("has {}-bit {} samples; halotrain reads 1, 8 and 16-bit unsigned integers and 32-bit "
-                           "floats",
+    fail(path, fmt::format("has {}-bit {} samples; halotrain reads 1, 8 and 16-bit unsigned, 8 and 16-bit signed "
+                           "integers and 32-bit floats",
                            bps, format == SAMPLEFORMAT_INT ? "signed" : format == SAMPLEFORMAT_IEEEFP ? "float" : "unsigned"));
   // Extra samples beyond gray or RGB (alpha) are dropped.
   out->format = ImageFormat::TIFF;
@@ -288,6 +291,7 @@ TiffPtr open_tiff(const std::string& path, int level, ImageInfo* out) {
   out->channels = spp >= 3 ? 3 : 1;
   out->bits = bps;
   out->floating = format == SAMPLEFORMAT_IEEEFP;
+  out->is_signed = format == SAMPLEFORMAT_INT;
   if (compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR) out->channels = 3;
   return t;
 }
@@ -368,9 +372,9 @@ struct ImageFile::Impl {
     if (info.bits == 16) {
       uint16_t v;
       std::memcpy(&v, p, 2);
-      return float(v);
+      return info.is_signed ? float(int16_t(v)) : float(v);
     }
-    return float(*p);
+    return info.is_signed ? float(int8_t(*p)) : float(*p);
   }
 
   void read_png(int64_t row0, int64_t col0, int rows, int cols, float* out) {
@@ -447,15 +451,20 @@ struct ImageFile::Impl {
 
   // The samples of one decoded strip or tile (`chunk`, `cw` wide, starting at (y0, x0)) that
   // lie in the block go to `out`. 1-bit samples are unpacked (MSB first).
-  void copy_chunk(const std::vector<uint8_t>& chunk, int64_t y0, int64_t x0, int64_t ch, int64_t cw, int spp,
-                  int64_t row0, int64_t col0, int rows, int cols, float* out) const {
-    const int C = info.channels, bps = bytes_per_sample();
+  // What a chunk holds per pixel: `spp` samples, of which `count` go to the output's
+  // channels from `first` on (interleaved: all of them; a separate plane: its one).
+  struct Samples {
+    int spp, first, count;
+  };
+  void copy_chunk(const std::vector<uint8_t>& chunk, int64_t y0, int64_t x0, int64_t ch, int64_t cw,
+                  const Samples& samples, int64_t row0, int64_t col0, int rows, int cols, float* out) const {
+    const int C = info.channels, bps = bytes_per_sample(), spp = samples.spp;
     const int64_t r_lo = std::max(row0, y0), r_hi = std::min(row0 + rows, y0 + ch);
     const int64_t c_lo = std::max(col0, x0), c_hi = std::min(col0 + cols, x0 + cw);
     const size_t packed_row = size_t((cw * spp + 7) / 8);
     for (int64_t y = r_lo; y < r_hi; ++y)
       for (int64_t x = c_lo; x < c_hi; ++x)
-        for (int c = 0; c < C; ++c) {
+        for (int c = 0; c < samples.count; ++c) {
           float v;
           if (info.bits == 1) {
             const size_t bit = size_t((x - x0) * spp + c);
@@ -463,7 +472,7 @@ struct ImageFile::Impl {
           } else {
             v = sample(chunk.data() + ((size_t(y - y0) * cw + size_t(x - x0)) * spp + c) * size_t(bps));
           }
-          out[(size_t(y - row0) * cols + size_t(x - col0)) * C + c] = v;
+          out[(size_t(y - row0) * cols + size_t(x - col0)) * C + samples.first + c] = v;
         }
   }
 
@@ -487,34 +496,41 @@ struct ImageFile::Impl {
 
   void read_tiff(int64_t row0, int64_t col0, int rows, int cols, float* out) {
     TIFF* t = tiff.get();
-    uint16_t spp = 1;
+    uint16_t spp = 1, planar = PLANARCONFIG_CONTIG;
     TIFFGetFieldDefaulted(t, TIFFTAG_SAMPLESPERPIXEL, &spp);
+    TIFFGetFieldDefaulted(t, TIFFTAG_PLANARCONFIG, &planar);
     // JPEG-in-TIFF as RGB: the decoder gives 3 samples whatever the file says.
     uint16_t compression = COMPRESSION_NONE, photometric = 0;
     TIFFGetFieldDefaulted(t, TIFFTAG_COMPRESSION, &compression);
     TIFFGetField(t, TIFFTAG_PHOTOMETRIC, &photometric);
     if (compression == COMPRESSION_JPEG && photometric == PHOTOMETRIC_YCBCR) spp = 3;
+    // Channels in separate planes: a chunk per plane, one sample per pixel.
+    const bool separate = planar == PLANARCONFIG_SEPARATE && spp > 1;
+    const int planes = separate ? info.channels : 1, chunk_spp = separate ? 1 : spp;
     tiff_error().clear();
     std::map<uint32_t, std::vector<uint8_t>> kept;
-    if (TIFFIsTiled(t)) {
-      uint32_t tw = 0, th = 0;
-      TIFFGetField(t, TIFFTAG_TILEWIDTH, &tw);
-      TIFFGetField(t, TIFFTAG_TILELENGTH, &th);
-      for (int64_t y = row0 / th * th; y < row0 + rows; y += th)
-        for (int64_t x = col0 / tw * tw; x < col0 + cols; x += tw) {
-          const ttile_t tile = TIFFComputeTile(t, uint32_t(x), uint32_t(y), 0, 0);
-          const std::vector<uint8_t>& c = chunk_of(tile, true, th, tw, spp, kept);
-          copy_chunk(c, y, x, th, tw, spp, row0, col0, rows, cols, out);
+    for (int plane = 0; plane < planes; ++plane) {
+      const Samples in_chunk{chunk_spp, separate ? plane : 0, separate ? 1 : info.channels};
+      if (TIFFIsTiled(t)) {
+        uint32_t tw = 0, th = 0;
+        TIFFGetField(t, TIFFTAG_TILEWIDTH, &tw);
+        TIFFGetField(t, TIFFTAG_TILELENGTH, &th);
+        for (int64_t y = row0 / th * th; y < row0 + rows; y += th)
+          for (int64_t x = col0 / tw * tw; x < col0 + cols; x += tw) {
+            const ttile_t tile = TIFFComputeTile(t, uint32_t(x), uint32_t(y), 0, tsample_t(plane));
+            const std::vector<uint8_t>& c = chunk_of(tile, true, th, tw, chunk_spp, kept);
+            copy_chunk(c, y, x, th, tw, in_chunk, row0, col0, rows, cols, out);
+          }
+      } else {
+        uint32_t rps = 0;
+        TIFFGetFieldDefaulted(t, TIFFTAG_ROWSPERSTRIP, &rps);
+        rps = std::min<uint32_t>(rps, uint32_t(info.height));
+        for (int64_t y = row0 / rps * rps; y < row0 + rows; y += rps) {
+          const tstrip_t strip = TIFFComputeStrip(t, uint32_t(y), tsample_t(plane));
+          const int64_t strip_rows = std::min<int64_t>(rps, info.height - y);
+          const std::vector<uint8_t>& c = chunk_of(strip, false, strip_rows, info.width, chunk_spp, kept);
+          copy_chunk(c, y, 0, strip_rows, info.width, in_chunk, row0, col0, rows, cols, out);
         }
-    } else {
-      uint32_t rps = 0;
-      TIFFGetFieldDefaulted(t, TIFFTAG_ROWSPERSTRIP, &rps);
-      rps = std::min<uint32_t>(rps, uint32_t(info.height));
-      for (int64_t y = row0 / rps * rps; y < row0 + rows; y += rps) {
-        const tstrip_t strip = TIFFComputeStrip(t, uint32_t(y), 0);
-        const int64_t strip_rows = std::min<int64_t>(rps, info.height - y);
-        const std::vector<uint8_t>& c = chunk_of(strip, false, strip_rows, info.width, spp, kept);
-        copy_chunk(c, y, 0, strip_rows, info.width, spp, row0, col0, rows, cols, out);
       }
     }
     chunks = std::move(kept);

@@ -248,7 +248,7 @@ int ManifestImages::integer_bits() const {
   int bits = 8;
   for (const ImageInfo& info : image_info_) {
     if (info.floating || (info.channels == 3 && opt_.channels == 1)) return 0;
-    if (info.format == ImageFormat::DICOM && (info.slope != 1 || info.intercept != 0 || info.is_signed)) return 0;
+    if (info.is_signed || (info.format == ImageFormat::DICOM && (info.slope != 1 || info.intercept != 0))) return 0;
     if (opt_.fit == DataFit::Resize && (info.height != file_h_ || info.width != file_w_)) return 0;
     bits = std::max(bits, (info.format == ImageFormat::DICOM ? info.bits_stored : info.bits) > 8 ? 16 : 8);
   }

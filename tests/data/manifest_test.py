@@ -14,7 +14,8 @@ file bit for bit:
   files decoded whole (interlaced PNG, progressive JPEG, DICOM) and their host memory;
 - whole-slide images (Aperio-style pyramids) through OpenSlide at data.level 0 and 1; a
   missing tile, transparent to OpenSlide, reads as data.pad_value;
-- RGB PNG, JPEG and TIFF, and JPEG-in-TIFF read as RGB; data.channels converting RGB
+- RGB PNG, JPEG and TIFF (interleaved tiles, and separate planes in strips), and
+  JPEG-in-TIFF read as RGB; a signed 16-bit TIFF with a predictor; data.channels converting RGB
   files to gray (ITU-R 601-2 luma) and gray files to RGB;
 - masks (PNG) and class maps (palette PNG) for a U-Net-like model;
 - data.fit pad (with data.pad_value), crop and resize, against numpy padding, centre
@@ -135,6 +136,9 @@ def gray_images(rng):
     big = rng.integers(0, 256, (H, W)).astype(np.uint8)
     tifffile.imwrite(path("big.tif"), big, bigtiff=True, tile=(16, 32))
     out.append(("big.tif", big.astype(np.float32)))
+    s16 = rng.integers(-32768, 32768, (H, W)).astype(np.int16)
+    tifffile.imwrite(path("signed.tif"), s16, compression="zlib", predictor=True)  # signed, with a predictor
+    out.append(("signed.tif", s16.astype(np.float32)))
     f32 = rng.uniform(-1, 1, (H, W)).astype(np.float32)
     tifffile.imwrite(path("float.tif"), f32)
     out.append(("float.tif", f32))
@@ -262,7 +266,12 @@ def main():
         if i % 2 == 0:
             PIL.Image.fromarray(a).save(path(name))
         else:
-            tifffile.imwrite(path(name), a, photometric="rgb", tile=(16, 16))
+            # one in interleaved tiles, one in separate planes of strips
+            if i == 1:
+                tifffile.imwrite(path(name), a, photometric="rgb", tile=(16, 16))
+            else:  # tifffile takes separate planes as [C, H, W]
+                tifffile.imwrite(path(name), a.transpose(2, 0, 1), photometric="rgb", planarconfig="separate",
+                                 rowsperstrip=8)
         rgb.append((name, a.astype(np.float32)))
     PIL.Image.fromarray(rng.integers(0, 256, (H, W, 3)).astype(np.uint8)).save(path("rgb.jpg"), quality=85)
     rgb.append(("rgb.jpg", np.asarray(PIL.Image.open(path("rgb.jpg")), dtype=np.float32)))
