@@ -162,6 +162,7 @@ ShardPlan launch_shards(const Config& config, const ModelSpec& model) {
 // A plan whose predicted peak passes parallel.device_memory is refused before any step
 // runs, with plan's message (the need, the budget, the smallest grid that fits).
 Plan launch_plan(const Config& config, const ModelSpec& model) {
+  check_layer_kernels(model);
   Plan plan = make_plan(config, launch_shards(config, model));
   if (!plan.fits()) throw ConfigError(plan.verdict);
   plan.decodes = data_whole_decodes(config, model);

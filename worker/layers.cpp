@@ -536,6 +536,14 @@ void register_layer_kernels(const std::string& type, LayerFactory factory) {
     throw std::logic_error("layer kind '" + type + "' has kernels registered twice");
 }
 
+void check_layer_kernels(const ModelSpec& model) {
+  for (const LayerSpec& layer : model.layers)
+    if (!kernels().count(layer.config.type()))
+      throw ConfigError(fmt::format("layer '{}': its kind '{}' has no kernels in this build of halotrain "
+                                    "(worker/layers.hpp register_layer_kernels)",
+                                    layer.config.name, layer.config.type()));
+}
+
 std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index) {
   const std::string& type = ctx.plan.model.layers[index].config.type();
   auto it = kernels().find(type);

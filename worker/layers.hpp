@@ -140,6 +140,9 @@ std::unique_ptr<Layer> make_layer(const LayerContext& ctx, int index);
 // std::logic_error when the type has kernels already. Not thread-safe.
 using LayerFactory = std::function<std::unique_ptr<Layer>(const LayerContext& ctx, int index)>;
 void register_layer_kernels(const std::string& type, LayerFactory factory);
+// ConfigError naming the layer and its kind when a layer of `model` has no kernels in this
+// build: a run refuses it at start-up, before any rank starts.
+void check_layer_kernels(const ModelSpec& model);
 
 // The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: each
 // activation is freed once its last reader has read it. Returns the owned output.

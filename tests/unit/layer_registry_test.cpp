@@ -116,6 +116,32 @@ class LayerRegistryTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Every built-in kind has its kernels (the factories run on any backend through
+// ComputeBackend, so a CUDA build has them too): a kind added to layer_kinds.cpp without
+// kernels fails here, not in a user's run. A model using a kind without kernels is refused
+// by check_layer_kernels, which the launcher calls before any rank starts.
+TEST(LayerKernels, EveryBuiltinKindHasKernels) {
+  auto model_of = [](const LayerKind& kind, const std::string& name) {
+    ModelSpec model;
+    model.layers.emplace_back();
+    model.layers.back().config.kind = &kind;
+    model.layers.back().config.name = name;
+    return model;
+  };
+  const std::vector<LayerKind> kinds = builtin_layer_kinds();
+  ASSERT_GE(kinds.size(), 36u);  // the built-in kinds of SPEC sections 5, 11 and 12
+  for (const LayerKind& kind : kinds) EXPECT_NO_THROW(check_layer_kernels(model_of(kind, "probe"))) << kind.type;
+  LayerKind unknown = kinds.front();
+  unknown.type = "no_such_kind";
+  try {
+    check_layer_kernels(model_of(unknown, "stem"));
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 'stem': its kind 'no_such_kind' has no kernels"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(LayerRegistryTest, ConfigReadsEmitsAndHashesTheNewKind) {
   const Config c = parse_config(yaml("[1, 1]", 0.5), "registry.yaml");
   const LayerConfig& scale = c.model.layers[1];
