@@ -22,7 +22,7 @@ namespace ht {
 constexpr int kMaxAutoShards = 256;
 
 // Image files that cannot be streamed (SPEC section 13: interlaced PNG, progressive JPEG, a
-// DICOM frame) are decoded whole, once per image and reader, in host memory beside a rank's
+// compressed DICOM frame) are decoded whole, once per image and reader, in host memory beside a rank's
 // other figures. Read from the manifests' headers by the worker side (worker/batch.hpp
 // data_whole_decodes); all zero for HDF5 data.
 struct WholeDecodes {

@@ -219,8 +219,8 @@ std::string render_plan_text(const Config& config, const Plan& job) {
                        "its shard",
                        d.rows));
     else
-      line(fmt::format("  data: {} of {} image files cannot be streamed (interlaced PNG, progressive JPEG, a DICOM "
-                       "frame) and are decoded whole, once per image: up to {} of host memory per rank beside the "
+      line(fmt::format("  data: {} of {} image files cannot be streamed (interlaced PNG, progressive JPEG, a "
+                       "compressed DICOM frame) and are decoded whole, once per image: up to {} of host memory per rank beside the "
                        "above (the largest: {})",
                        d.images, d.rows, format_size(d.per_rank), d.largest));
   }

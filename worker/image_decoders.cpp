@@ -220,7 +220,9 @@ ImageInfo probe_dicom(const std::string& path) {
     interleaved = planar.GetValue() == 0;
   }
   const gdcm::TransferSyntax ts = r.GetFile().GetHeader().GetDataSetTransferSyntax();
-  if (interleaved && (ts == gdcm::TransferSyntax::ImplicitVRLittleEndian ||
+  // Gray or RGB samples as stored (YBR and the like go through GDCM, which converts them).
+  const bool plain = spp == 1 || photometric == "RGB";
+  if (plain && interleaved && (ts == gdcm::TransferSyntax::ImplicitVRLittleEndian ||
                       ts == gdcm::TransferSyntax::ExplicitVRLittleEndian))
     info.data_offset = uncompressed_values_at(path, int64_t(r.GetStreamCurrentPosition()), info);
   info.streamed = info.data_offset > 0;

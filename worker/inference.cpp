@@ -178,6 +178,7 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
 
 // What both commands share: the plan of this launch, checked to fit for inference.
 ShardPlan inference_plan(const Config& config, const ModelSpec& model, Inference kind) {
+  check_layer_kernels(model);
   const ShardPlan plan = launch_shards(config, model);
   const MemoryEstimate e = estimate_inference_memory_max(config, plan, kind);
   if (e.total > config.parallel.device_memory)

@@ -121,7 +121,7 @@ constexpr int kTiffTile = 256;
 class TiffWriter {
  public:
   TiffWriter(const std::string& path, int rows, int cols, int C, bool float32)
-      : path_(path), temp_(h5::temp_path(path)), float32_(float32) {
+      : path_(path), temp_(h5::temp_path(path)) {
     image_decoders::tiff_error().clear();
     tiff_ = TIFFOpen(temp_.c_str(), "w8");
     if (!tiff_) fail("cannot create it");
@@ -158,10 +158,13 @@ class TiffWriter {
     TIFFClose(tiff_);
     tiff_ = nullptr;
     if (!flushed) fail("writing it failed");
-    h5::commit_file(temp_, path_);
+    try {
+      h5::commit_file(temp_, path_);
+    } catch (const std::exception& e) {
+      throw ConfigError(fmt::format("--output: {}: {}", path_, e.what()));
+    }
     committed_ = true;
   }
-  bool float32() const { return float32_; }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
@@ -169,7 +172,6 @@ class TiffWriter {
     throw ConfigError(fmt::format("--output: {}: {}{}", path_, what, why.empty() ? "" : ": " + why));
   }
   std::string path_, temp_;
-  bool float32_;
   TIFF* tiff_ = nullptr;
   bool committed_ = false;
 };
@@ -181,9 +183,11 @@ class DirectoryPredictions : public PredictionSink {
     if (const std::string problem = writable_directory_problem(dir); !problem.empty())
       throw ConfigError(fmt::format("--output {}: {}", dir, problem));
     const int64_t N = layout.shape[0];
+    const bool images = layout.shape.size() == 4;  // a TIFF per image; else one scores.csv
+    published_.assign(size_t(N), false);
     const std::string stem = fs::path(input).stem().string();
     const int digits = int(std::to_string(std::max<int64_t>(N - 1, 0)).size());
-    std::map<std::string, int64_t> taken;
+    std::map<std::string, int64_t> taken;  // every file name an image writes, without .tif
     for (int64_t i = 0; i < N; ++i) {
       std::string name = layout.names.empty() ? "" : layout.names[size_t(i)];
       fs::path p = fs::path(name).lexically_normal();
@@ -192,21 +196,27 @@ class DirectoryPredictions : public PredictionSink {
       else if (p.is_absolute() || *p.begin() == "..")  // an image outside the CSV's folder
         p = p.filename();
       p.replace_extension();
-      const auto [at, fresh] = taken.emplace(p.string(), i);
-      if (!fresh)
-        throw ConfigError(fmt::format("--output {}: images {} ({}) and {} ({}) would both write {}.tif; give them "
-                                      "different names",
-                                      dir, at->second, layout.names[size_t(at->second)], i, name, p.string()));
       stems_.push_back(p.string());
+      if (!images) continue;
+      for (const std::string& file : {p.string(), p.string() + "-float32"}) {
+        if (file != p.string() && !layout.float32) continue;
+        const auto [at, fresh] = taken.emplace(file, i);
+        if (!fresh)
+          throw ConfigError(fmt::format("--output {}: images {} ({}) and {} ({}) would both write {}.tif; give "
+                                        "them different names",
+                                        dir, at->second, layout.names.empty() ? "" : layout.names[size_t(at->second)],
+                                        i, name, file));
+      }
     }
     if (layout.shape.size() == 2) scores_.assign(size_t(N) * size_t(layout.shape[1]), NAN);
   }
 
   void write_tile(int64_t index, int row0, int col0, int C, int rows, int cols, const float* chw) override {
-    Image& image = open(index, C);
-    const auto [own_rows, own_cols] = image.extent;
+    const auto [own_rows, own_cols] = extent(index);
     const int r_hi = std::min(row0 + rows, own_rows), c_hi = std::min(col0 + cols, own_cols);
-    if (r_hi <= row0 || c_hi <= col0) return;  // all of it is padding
+    if (r_hi <= row0 || c_hi <= col0) return;  // all of it is padding (also after the image is published)
+    if (published_[size_t(index)]) throw std::logic_error("predict: pixels of an image already written");
+    Image& image = open(index, C);
     const std::vector<float> p = probabilities_hwc(C, rows, cols, chw);
     for (int tr = row0 / kTiffTile; tr <= (r_hi - 1) / kTiffTile; ++tr)
       for (int tc = col0 / kTiffTile; tc <= (c_hi - 1) / kTiffTile; ++tc) {
@@ -237,7 +247,7 @@ class DirectoryPredictions : public PredictionSink {
       image.u8->commit();
       if (image.f32) image.f32->commit();
       open_.erase(index);
-      ++published_;
+      published_[size_t(index)] = true;
     }
   }
 
@@ -251,7 +261,7 @@ class DirectoryPredictions : public PredictionSink {
 
   void commit() override {
     if (layout_.shape.size() == 4) {
-      if (!open_.empty() || published_ != layout_.shape[0])
+      if (!open_.empty() || std::count(published_.begin(), published_.end(), false) > 0)
         throw std::logic_error("predict: an image's output is not whole at the end");
       return;
     }
@@ -274,7 +284,12 @@ class DirectoryPredictions : public PredictionSink {
         throw ConfigError(fmt::format("--output {}: writing it failed", path));
       }
     }
-    h5::commit_file(temp, path);
+    try {
+      h5::commit_file(temp, path);
+    } catch (const std::exception& e) {
+      std::remove(temp.c_str());
+      throw ConfigError(fmt::format("--output {}: {}", path, e.what()));
+    }
   }
 
  private:
@@ -284,7 +299,6 @@ class DirectoryPredictions : public PredictionSink {
     int64_t filled = 0;  // pixels of the image's own written into it
   };
   struct Image {
-    std::pair<int, int> extent;
     std::unique_ptr<TiffWriter> u8, f32;
     std::map<std::pair<int, int>, Pending> pending;  // TIFF tiles that are not whole yet
     int64_t tiles = 0, tiles_written = 0;
@@ -294,9 +308,7 @@ class DirectoryPredictions : public PredictionSink {
     auto it = open_.find(index);
     if (it != open_.end()) return it->second;
     Image& image = open_[index];
-    image.extent = layout_.extents.empty() ? std::pair<int, int>{int(layout_.shape[1]), int(layout_.shape[2])}
-                                           : layout_.extents[size_t(index)];
-    const auto [rows, cols] = image.extent;
+    const auto [rows, cols] = extent(index);
     image.tiles = int64_t((rows + kTiffTile - 1) / kTiffTile) * ((cols + kTiffTile - 1) / kTiffTile);
     const fs::path base = fs::path(dir_) / stems_[size_t(index)];
     std::error_code ec;
@@ -304,6 +316,12 @@ class DirectoryPredictions : public PredictionSink {
     image.u8 = std::make_unique<TiffWriter>(base.string() + ".tif", rows, cols, C, false);
     if (layout_.float32) image.f32 = std::make_unique<TiffWriter>(base.string() + "-float32.tif", rows, cols, C, true);
     return image;
+  }
+
+  // The output rows and columns of image `index` that are its own (the rest is padding).
+  std::pair<int, int> extent(int64_t index) const {
+    return layout_.extents.empty() ? std::pair<int, int>{int(layout_.shape[1]), int(layout_.shape[2])}
+                                   : layout_.extents[size_t(index)];
   }
 
   static std::string csv_field(const std::string& s) {
@@ -317,7 +335,7 @@ class DirectoryPredictions : public PredictionSink {
   PredictionLayout layout_;
   std::vector<std::string> stems_;  // per image: its output's path under dir_, without .tif
   std::map<int64_t, Image> open_;
-  int64_t published_ = 0;
+  std::vector<bool> published_;  // per image: its files are whole and renamed
   std::vector<float> scores_;  // a classifier's [N][K] probabilities
 };
 
@@ -326,6 +344,10 @@ class DirectoryPredictions : public PredictionSink {
 std::unique_ptr<PredictionSink> open_prediction_output(const std::string& output, const std::string& input,
                                                        const PredictionLayout& layout) {
   if (is_prediction_directory(output)) return std::make_unique<DirectoryPredictions>(output, input, layout);
+  if (layout.float32)
+    throw ConfigError(fmt::format("--float32 asks for float32 BigTIFFs beside the uint8 ones, with --output DIR/; "
+                                  "{} is an HDF5 file, whose predictions are float32 already",
+                                  output));
   return std::make_unique<H5Predictions>(output, layout.shape);
 }
 

@@ -9,11 +9,13 @@ which the section 8 oracle checks against PyTorch:
   the .h5's float32 probabilities exactly; the files are BigTIFF, tiled and deflate-
   compressed; outputs of 600 x 520 images cross many 256 x 256 TIFF tiles and every
   rank's tile; images of a manifest padded by data.fit: pad are cropped back to their own
-  size, named after their file (subfolders kept);
+  size (one of them so small that three ranks send only its padding), named after their
+  file (subfolders kept);
 - an HDF5 input's outputs are named INPUT-<index>.tif;
 - a classifier writes DIR/scores.csv, equal to the .h5's probabilities;
-- bad output: two images that would write the same name, an output that is a file: exit 1,
-  one message, nothing published.
+- bad output: two images that would write the same name (also through --float32's
+  NAME-float32.tif), an output that is a file, --float32 with an .h5: exit 1, one message,
+  nothing published.
 
 usage: predict_output_test.py HALOTRAIN MPIRUN WORKDIR
 """
@@ -96,8 +98,10 @@ def main():
     rng = np.random.default_rng(29)
 
     # Images of three sizes in a manifest (data.fit: pad), one in a subfolder; their masks.
-    sizes = [(H, W), (H - 77, W - 131), (H - 5, W)]
-    names = ["images/a.png", "images/sub/b.png", "images/c.tif"]
+    # d.png lies in rank 0's shard alone: the other ranks send only padding for it, after
+    # rank 0 has written it whole.
+    sizes = [(H, W), (H - 77, W - 131), (H - 5, W), (250, 250)]
+    names = ["images/a.png", "images/sub/b.png", "images/c.tif", "images/d.png"]
     rows = []
     for i, ((h, w), name) in enumerate(zip(sizes, names)):
         a = rng.integers(0, 256, (h, w)).astype(np.uint8)
@@ -184,6 +188,15 @@ def main():
     r = predict(cfg, ckpt, path("seg.csv"), path("a-file") + "/")
     check("an --output DIR/ that is a file: exit 1 naming it", r.returncode == 1 and "a-file" in r.stderr,
           r.stderr[-800:])
+    r = predict(cfg, ckpt, path("seg.csv"), path("f32.h5"), "--float32")
+    check("--float32 with an .h5 output: exit 1, nothing written",
+          r.returncode == 1 and "--float32" in r.stderr and not os.path.exists(path("f32.h5")), r.stderr[-800:])
+    with open(path("clash32.csv"), "w") as f:
+        f.write("image\nimages/a.png\nimages/a-float32.png\n")
+    PIL.Image.fromarray(np.zeros((H, W), np.uint8)).save(path("images", "a-float32.png"))
+    r = predict(cfg, ckpt, path("clash32.csv"), path("clash32-out") + "/", "--float32")
+    check("an image named like another's float32 file, with --float32: refused",
+          r.returncode == 1 and "would both write images/a-float32.tif" in r.stderr, r.stderr[-800:])
 
 
 if __name__ == "__main__":

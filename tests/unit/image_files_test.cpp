@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <png.h>
 #include <tiffio.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -239,12 +238,16 @@ TEST_F(ImageFilesTest, A40000SquareTiffRankReadsOnlyItsTilesWithinOneBand) {
   o.classes = 2;
   std::vector<float> out(size_t(kBig / 2) * (kBig / 2));
   std::fill(out.begin(), out.end(), -1.f);  // resident before the reads
-  auto peak_bytes = [] {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return uint64_t(u.ru_maxrss) * 1024;
+  auto status_bytes = [](const std::string& key) {  // a "VmRSS:  123 kB" line of /proc/self/status
+    std::ifstream f("/proc/self/status");
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind(key, 0) == 0) return uint64_t(std::stoull(line.substr(key.size()))) * 1024;
+    return uint64_t(0);
   };
-  const uint64_t before = peak_bytes();
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak (VmHWM) starts again from now
+  const uint64_t before = status_bytes("VmRSS:");
+  ASSERT_GT(before, uint64_t(out.size() * sizeof(float)));
+  ASSERT_LE(status_bytes("VmHWM:"), before + (uint64_t(4) << 20)) << "the peak was not reset";
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
       DataReader reader(file("m.csv"), o);
@@ -257,7 +260,7 @@ TEST_F(ImageFilesTest, A40000SquareTiffRankReadsOnlyItsTilesWithinOneBand) {
           ASSERT_EQ(out[size_t(y) * r.cols.size() + size_t(x)], float(value(r.rows.lo + y, r.cols.lo + x)))
               << "shard " << i << "," << j << " row " << y << " col " << x;
     }
-  const uint64_t grown = peak_bytes() - before;
+  const uint64_t grown = status_bytes("VmHWM:") - before;
   std::cout << "peak resident memory beside the shard's output: " << (grown >> 20) << " MiB\n";
   EXPECT_LT(grown, uint64_t(64) << 20) << "the reader's buffers beside the shard's output";
 }
