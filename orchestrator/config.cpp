@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cctype>
 #include <cerrno>
@@ -245,7 +246,7 @@ void read_training(const MapReader& root, TrainingConfig& t) {
 }
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
-  MapReader r(root["parallel"], {"backend", "grid", "device_memory", "devices_per_node", "activations"});
+  MapReader r(root["parallel"], {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads"});
   p.backend = r.get_choice("backend", Backend::CPU, {"cpu", "cuda"}, {Backend::CPU, Backend::CUDA});
   if (Item g = r["grid"]; g.present) {
     const char* what = "[rows, cols] (integers >= 1) or auto";
@@ -271,6 +272,14 @@ void read_parallel(const MapReader& root, ParallelConfig& p) {
     if (p.device_memory == 0) m.expected("a size > 0");
   }
   p.devices_per_node = int(r.get_int("devices_per_node", p.devices_per_node, 1, kIntMax));
+  if (Item t = r["threads"]; t.present) {
+    const std::string text = t.node.IsScalar() ? t.node.Scalar() : "";
+    int threads = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), threads);
+    if (text != "auto" && (ec != std::errc() || end != text.data() + text.size() || threads < 1 || threads > 4096))
+      t.expected("auto or the CPU threads of each rank, an integer in [1, 4096]");
+    p.threads = text == "auto" ? 0 : threads;
+  }
   p.activations = r.get_choice(
       "activations", ActivationPolicy::Auto, {"auto", "keep", "offload", "recompute"},
       {ActivationPolicy::Auto, ActivationPolicy::Keep, ActivationPolicy::Offload, ActivationPolicy::Recompute});

@@ -214,6 +214,10 @@ struct ParallelConfig {
   uint64_t device_memory = 11441ull << 20;
   int devices_per_node = 2;
   ActivationPolicy activations = ActivationPolicy::Auto;
+  // CPU threads per rank; 0 (auto): this machine's usable CPUs split among its ranks
+  // (orchestrator/conv_geometry.hpp threads_per_rank). A plan input: oneDNN's scratchpads
+  // grow with it, so `submit` sets it for the ranks it launches.
+  int threads = 0;
 };
 
 struct CheckpointConfig {

@@ -342,6 +342,9 @@ std::string to_yaml(const Config& c) {
   out << YAML::Key << "device_memory" << YAML::Value << exact_size(p.device_memory);
   out << YAML::Key << "devices_per_node" << YAML::Value << p.devices_per_node;
   out << YAML::Key << "activations" << YAML::Value << to_string(p.activations);
+  out << YAML::Key << "threads" << YAML::Value;
+  if (p.threads == 0) out << "auto";
+  else out << p.threads;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

@@ -72,11 +72,16 @@ std::vector<ShardConv> shard_convs(const ShardPlan& plan, int rank, int batch, C
 
 uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   if (config.parallel.backend != Backend::CPU) return 0;
-  const int threads = cpu::worker_threads(cpu::workers_on_node(plan.world()));
+  const int threads = threads_per_rank(config, plan.world());
   cpu::ConvScratch need;
   for (const ShardConv& c : shard_convs(plan, rank, local_batch(config, plan), use))
     need.include(cpu::dnnl_conv_scratch(c.geom, c.passes, threads));
   return need.total();
+}
+
+int threads_per_rank(const Config& config, int in_process) {
+  if (config.parallel.threads > 0) return config.parallel.threads;
+  return cpu::worker_threads(cpu::workers_on_node(in_process));
 }
 
 }  // namespace ht

@@ -33,4 +33,10 @@ std::vector<ShardConv> shard_convs(const ShardPlan& plan, int rank, int batch, C
 // threads.hpp); 0 on the CUDA backend (its workspace is counted apart).
 uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use);
 
+// The CPU threads of each rank: parallel.threads, or for auto this machine's share for the
+// `in_process` ranks of one process (the ranks on the node under mpirun or srun). The
+// launcher starts the workers with it and the memory model sizes oneDNN's scratchpads
+// with it, so a set value makes the plan the same wherever it is computed.
+int threads_per_rank(const Config& config, int in_process);
+
 }  // namespace ht

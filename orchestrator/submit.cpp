@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -32,7 +33,12 @@ std::string probe_launcher() {
 
 int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& err) {
   namespace fs = std::filesystem;
-  const Config config = load_config(command.config_path, command.sets);
+  // The ranks' threads are a plan input (oneDNN's scratch grows with them): auto resolves
+  // here to what each task gets, --cpus-per-task (1 without it), and the ranks are told so.
+  std::vector<std::string> sets = command.sets;
+  if (load_config(command.config_path, command.sets).parallel.threads == 0)
+    sets.push_back(fmt::format("parallel.threads={}", std::max(command.cpus_per_task, 1)));
+  const Config config = load_config(command.config_path, sets);
   const ModelSpec model = build_model_spec(config);
   const GridShape grid = plan_grid(config, model);
   check_allocation(config, grid);
@@ -53,7 +59,7 @@ int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& er
   SubmitOptions options;
   options.halotrain = fs::canonical("/proc/self/exe").string();
   options.workdir = fs::current_path().string();
-  options.sets = command.sets;
+  options.sets = sets;
   options.launcher = command.launcher.empty() ? probe_launcher() : command.launcher;
   options.cpus_per_task = command.cpus_per_task;
   const std::string config_abs = fs::absolute(command.config_path).lexically_normal().string();

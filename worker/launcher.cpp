@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kernels/cpu/threads.hpp"
+#include "orchestrator/conv_geometry.hpp"
 #include "orchestrator/files.hpp"
 #include "worker/batch.hpp"
 #include "worker/local_comm.hpp"
@@ -98,7 +99,7 @@ int mpi_world_size() {
 void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   MpiComm world(MPI_COMM_WORLD, false);
   set_log_rank(world.rank(), world.size());
-  const int threads = cpu::worker_threads(cpu::workers_on_node(1));
+  const int threads = threads_per_rank(config, 1);
   // GPUs are per node; the CPU backend has no device to pick.
   const int slot = config.parallel.backend == Backend::CUDA ? node_local_rank() : world.rank();
   body(world.rank(), world, backend_options(config, world.rank(), slot, threads),
@@ -107,7 +108,7 @@ void run_mpi(const Config& config, const ShardPlan& plan, const WorkerBody& body
 
 void run_local(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
   const int world = plan.world();
-  const int threads = cpu::worker_threads(cpu::workers_on_node(world));
+  const int threads = threads_per_rank(config, world);
   // libgomp binds each shard's team to the same first places: the shards then share cores.
   if (world > 1 && (std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES")))
     log().warn("OMP_PROC_BIND/OMP_PLACES is set: the {} shards of this process would bind their threads to "

@@ -231,6 +231,18 @@ TEST(ConfigOverrides, ApplyBeforeValidation) {
   EXPECT_EQ(parse_config(kMinimal, "c", {"recycle.mode=restart"}).recycle.mode, RecycleMode::Restart);
 }
 
+TEST(Config, ParallelThreadsIsAutoOrACount) {
+  EXPECT_EQ(parse_config(kMinimal, "c").parallel.threads, 0);
+  EXPECT_EQ(parse_config(kMinimal, "c", {"parallel.threads=auto"}).parallel.threads, 0);
+  const Config four = parse_config(kMinimal, "c", {"parallel.threads=4"});
+  EXPECT_EQ(four.parallel.threads, 4);
+  EXPECT_EQ(parse_config(to_yaml(four), "again").parallel.threads, 4);  // emitted and read back
+  EXPECT_NE(error_of(kMinimal, {"parallel.threads=0"})
+                .find("parallel.threads: expected auto or the CPU threads of each rank, an integer in [1, 4096]"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"parallel.threads=many"}).find("parallel.threads"), std::string::npos);
+}
+
 TEST(ConfigOverrides, ErrorsNameTheOverride) {
   EXPECT_EQ(error_of(kMinimal, {"training.optimzer.lr=0.1"}),
             "--set training.optimzer.lr=0.1: unknown key 'training.optimzer'; did you mean 'training.optimizer'?");

@@ -3,6 +3,8 @@
 // split by node placement.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <string>
 
@@ -386,6 +388,32 @@ TEST(PlanReport, TextAndJsonCarryTheSameContent) {
   c.parallel.device_memory = 4096;
   EXPECT_NE(render_plan_text(c, make_plan(c, p)).find("DOES NOT FIT"), std::string::npos);
   EXPECT_NE(render_plan_json(c, make_plan(c, p)).find("\"fits\": false"), std::string::npos);
+}
+
+// parallel.threads makes the plan a function of the config: a login node (one CPU for this
+// process, OMP_NUM_THREADS=1) and a compute node's rank (13 threads, 4 ranks per node)
+// plan the same. With auto they need not: oneDNN's scratchpads follow the threads.
+TEST(PlanReport, SetThreadsMakeThePlanTheSameOnEveryHost) {
+  Config c = classifier();
+  c.model.height = c.model.width = 256;
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1}, 2);
+  auto plan_with = [&](const char* omp, const char* local) {
+    setenv("OMP_NUM_THREADS", omp, 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local, 1);
+    const std::string json = render_plan_json(c, make_plan(c, p));
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    return json;
+  };
+  c.parallel.threads = 3;
+  EXPECT_EQ(plan_with("1", "1"), plan_with("13", "4"));
+  EXPECT_EQ(threads_per_rank(c, 2), 3);
+  // The figure it fixes depends on the threads: were it not a plan input, hosts would differ.
+  c.parallel.threads = 1;
+  const uint64_t one = conv_scratch_bytes(c, p, 0, ConvUse::Training);
+  c.parallel.threads = 16;
+  EXPECT_NE(one, conv_scratch_bytes(c, p, 0, ConvUse::Training));
 }
 
 }  // namespace
