@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
@@ -181,103 +183,190 @@ int cmd_predict(const std::string& path, const std::vector<std::string>& sets, c
   return 0;
 }
 
+// One subcommand: its parser, and what runs once it parsed. Its arguments live in a
+// shared struct the action holds, so each command's options sit beside its action.
+struct Command {
+  CLI::App* parser = nullptr;
+  std::function<int()> action;
+};
+
+// CONFIG and --set, which most commands take.
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> sets;
+};
+void add_config_args(CLI::App* sub, ConfigArgs& args) {
+  sub->add_option("CONFIG", args.path, "YAML config")->required();
+  sub->add_option("--set", args.sets, "override a key: --set parallel.grid=[2,1]");
+}
+
+Command train_command(CLI::App& app) {
+  auto a = std::make_shared<ConfigArgs>();
+  auto* sub = app.add_subcommand("train", "train a config (all shards here, or one per MPI rank)");
+  add_config_args(sub, *a);
+  return {sub, [a] { return cmd_train(a->path, a->sets); }};
+}
+
+Command plan_command(CLI::App& app) {
+  struct Args : ConfigArgs {
+    bool json = false;
+    std::string html, mode = "train";
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("plan", "validate a config and print the shard and memory plan");
+  add_config_args(sub, *a);
+  sub->add_flag("--json", a->json, "print JSON");
+  sub->add_option("--html", a->html, "also write the plan as a self-contained HTML page to this file");
+  sub->add_option("--mode", a->mode, "train (default) or predict: the memory of inference")
+      ->check(CLI::IsMember({"train", "predict"}));
+  return {sub, [a] { return cmd_plan(a->path, a->sets, a->json, a->html, a->mode); }};
+}
+
+Command evaluate_command(CLI::App& app) {
+  struct Args : ConfigArgs {
+    std::string checkpoint, data;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("evaluate", "loss and metrics of a checkpoint over a whole file");
+  add_config_args(sub, *a);
+  sub->add_option("--checkpoint", a->checkpoint, "checkpoint (default: the newest valid one in run_dir)");
+  sub->add_option("--data", a->data, "HDF5 file or CSV manifest with images and targets (default: data.validation)");
+  return {sub, [a] { return cmd_evaluate(a->path, a->sets, a->checkpoint, a->data); }};
+}
+
+Command predict_command(CLI::App& app) {
+  struct Args : ConfigArgs {
+    std::string checkpoint, input, output;
+    bool float32 = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file or a "
+                                            "directory of BigTIFFs");
+  add_config_args(sub, *a);
+  sub->add_option("--checkpoint", a->checkpoint, "checkpoint to run")->required();
+  sub->add_option("--input", a->input, "HDF5 file with dataset data.images, or a CSV manifest")->required();
+  sub->add_option("--output", a->output,
+                  "HDF5 file to write (dataset 'predictions'), or DIR/: one BigTIFF per image (a classifier: "
+                  "DIR/scores.csv)")
+      ->required();
+  sub->add_flag("--float32", a->float32, "with --output DIR/: also NAME-float32.tif, the probabilities as float32");
+  return {sub, [a] { return cmd_predict(a->path, a->sets, a->checkpoint, a->input, a->output, a->float32); }};
+}
+
+Command report_command(CLI::App& app) {
+  auto run_dir = std::make_shared<std::string>();
+  auto* sub = app.add_subcommand("report", "write RUN_DIR/report.html: curves, memory, the shard map");
+  sub->add_option("RUN_DIR", *run_dir, "a run's run_dir")->required();
+  return {sub, [run_dir] {
+            std::cout << "wrote " << report_run_dir(*run_dir) << "\n";
+            return 0;
+          }};
+}
+
+Command make_data_command(CLI::App& app) {
+  struct Args {
+    SyntheticOptions data;
+    std::string out;
+    bool masks = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("make-data", "write a synthetic, learnable dataset");
+  sub->add_option("OUT", a->out, "output .h5 file")->required();
+  sub->add_option("--count", a->data.count, "images")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--height", a->data.height, "rows")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--width", a->data.width, "columns")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--channels", a->data.channels, "channels")->check(CLI::PositiveNumber);
+  auto* classes = sub->add_option("--classes", a->data.classes, "classes of the labels")->check(CLI::PositiveNumber);
+  sub->add_flag("--masks", a->masks, "write per-pixel masks instead of labels")->excludes(classes);
+  sub->add_option("--seed", a->data.seed, "random seed");
+  return {sub, [a] {
+            if (a->masks) a->data.targets = TargetKind::Masks;
+            write_synthetic_dataset(a->out, a->data);
+            std::cout << "wrote " << a->out << "\n";
+            return 0;
+          }};
+}
+
+Command submit_command(CLI::App& app) {
+  auto a = std::make_shared<SubmitCommand>();
+  auto* sub = app.add_subcommand("submit", "write run_dir/job.sbatch for a config and submit it with sbatch");
+  sub->add_option("CONFIG", a->config_path, "YAML config")->required();
+  sub->add_option("--set", a->sets, "override a key: --set parallel.grid=[2,1]");
+  sub->add_flag("--dry-run", a->dry_run, "print the sbatch script, submit nothing");
+  sub->add_option("--launcher", a->launcher,
+                  "how the script starts the ranks (default: srun --mpi=pmix if Slurm has PMIx, else mpirun)");
+  sub->add_option("--cpus-per-task", a->cpus_per_task,
+                  "CPUs per rank (default: 1 for cuda; whole nodes shared by their ranks for cpu)")
+      ->check(CLI::NonNegativeNumber);
+  return {sub, [a] { return run_submit(*a, std::cout, std::cerr); }};
+}
+
+Command import_command(CLI::App& app) {
+  struct Args {
+    std::string model, config, weights, input_size;
+    int channels = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("import", "a Keras model (.h5 from model.save, or .json) as a config and init weights");
+  sub->add_option("MODEL", a->model, "Keras model file (.h5, .json) or ONNX file (.onnx)")->required();
+  sub->add_option("-o,--output", a->config, "config to write (default: MODEL's name with .yaml)");
+  sub->add_option("--weights", a->weights, "init weights to write (default: MODEL's name with -init.h5)");
+  sub->add_option("--input-size", a->input_size, "H,W: the image size of a model whose input leaves it open");
+  sub->add_option("--channels", a->channels,
+                  "the image's channels: a pretrained first conv's kernel summed over its input channels for 1 "
+                  "(gray images into an RGB model), repeated and scaled otherwise")
+      ->check(CLI::PositiveNumber);
+  return {sub, [a] {
+            ImportOptions options;
+            if (!a->input_size.empty()) {
+              int h = 0, w = 0;
+              char comma = 0, rest = 0;
+              if (std::sscanf(a->input_size.c_str(), "%d%c%d%c", &h, &comma, &w, &rest) != 3 || comma != ',' ||
+                  h < 1 || w < 1)
+                throw ConfigError(fmt::format("--input-size {}: expected H,W (two integers >= 1, such as 1024,768)",
+                                              a->input_size));
+              options.input_height = h;
+              options.input_width = w;
+            }
+            options.channels = a->channels;
+            return run_import(a->model, a->config, a->weights, options, std::cout);
+          }};
+}
+
+Command convert_data_command(CLI::App& app) {
+  struct Args : ConfigArgs {
+    std::string out;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("convert-data", "data.train (a CSV manifest) as an HDF5 file, after data.fit");
+  sub->add_option("CONFIG", a->path, "config whose data.train is a manifest")->required();
+  sub->add_option("OUT", a->out, "output .h5 file")->required();
+  sub->add_option("--set", a->sets, "override a config key");
+  return {sub, [a] {
+            convert_data(load_config(a->path, a->sets), a->out, std::cout);
+            return 0;
+          }};
+}
+
+Command inspect_command(CLI::App& app) {
+  auto file = std::make_shared<std::string>();
+  auto* sub = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
+  sub->add_option("FILE", *file, ".h5 file")->required();
+  return {sub, [file] { return inspect_file(*file, std::cout); }};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"halotrain: trains CNNs on images too large for one device, sharded spatially"};
   app.require_subcommand(1);
-  std::string config_path;
-  std::vector<std::string> sets;
-  bool json = false;
-
-  auto* train = app.add_subcommand("train", "train a config (all shards here, or one per MPI rank)");
-  train->add_option("CONFIG", config_path, "YAML config")->required();
-  train->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
-
-  auto* plan = app.add_subcommand("plan", "validate a config and print the shard and memory plan");
-  plan->add_option("CONFIG", config_path, "YAML config")->required();
-  plan->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
-  plan->add_flag("--json", json, "print JSON");
-  std::string html;
-  plan->add_option("--html", html, "also write the plan as a self-contained HTML page to this file");
-  std::string mode = "train";
-  plan->add_option("--mode", mode, "train (default) or predict: the memory of inference")
-      ->check(CLI::IsMember({"train", "predict"}));
-
-  std::string checkpoint, eval_data, input, output;
-  auto* evaluate = app.add_subcommand("evaluate", "loss and metrics of a checkpoint over a whole file");
-  evaluate->add_option("CONFIG", config_path, "YAML config")->required();
-  evaluate->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
-  evaluate->add_option("--checkpoint", checkpoint, "checkpoint (default: the newest valid one in run_dir)");
-  evaluate->add_option("--data", eval_data, "HDF5 file with images and targets (default: data.validation)");
-
-  bool float32 = false;
-  auto* predict = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file or a "
-                                                "directory of BigTIFFs");
-  predict->add_option("CONFIG", config_path, "YAML config")->required();
-  predict->add_option("--set", sets, "override a key: --set parallel.grid=[2,1]");
-  predict->add_option("--checkpoint", checkpoint, "checkpoint to run")->required();
-  predict->add_option("--input", input, "HDF5 file with dataset data.images, or a CSV manifest")->required();
-  predict->add_option("--output", output,
-                      "HDF5 file to write (dataset 'predictions'), or DIR/: one BigTIFF per image (a classifier: "
-                      "DIR/scores.csv)")
-      ->required();
-  predict->add_flag("--float32", float32, "with --output DIR/: also NAME-float32.tif, the probabilities as float32");
-
-  std::string run_dir;
-  auto* report = app.add_subcommand("report", "write RUN_DIR/report.html: curves, memory, the shard map");
-  report->add_option("RUN_DIR", run_dir, "a run's run_dir")->required();
-
-  SyntheticOptions data;
-  std::string out_path;
-  auto* make_data = app.add_subcommand("make-data", "write a synthetic, learnable dataset");
-  make_data->add_option("OUT", out_path, "output .h5 file")->required();
-  make_data->add_option("--count", data.count, "images")->required()->check(CLI::PositiveNumber);
-  make_data->add_option("--height", data.height, "rows")->required()->check(CLI::PositiveNumber);
-  make_data->add_option("--width", data.width, "columns")->required()->check(CLI::PositiveNumber);
-  make_data->add_option("--channels", data.channels, "channels")->check(CLI::PositiveNumber);
-  auto* classes = make_data->add_option("--classes", data.classes, "classes of the labels")->check(CLI::PositiveNumber);
-  bool masks = false;
-  make_data->add_flag("--masks", masks, "write per-pixel masks instead of labels")->excludes(classes);
-  make_data->add_option("--seed", data.seed, "random seed");
-
-  SubmitCommand submit_cmd;
-  auto* submit = app.add_subcommand("submit", "write run_dir/job.sbatch for a config and submit it with sbatch");
-  submit->add_option("CONFIG", submit_cmd.config_path, "YAML config")->required();
-  submit->add_option("--set", submit_cmd.sets, "override a key: --set parallel.grid=[2,1]");
-  submit->add_flag("--dry-run", submit_cmd.dry_run, "print the sbatch script, submit nothing");
-  submit->add_option("--launcher", submit_cmd.launcher,
-                     "how the script starts the ranks (default: srun --mpi=pmix if Slurm has PMIx, else mpirun)");
-  submit->add_option("--cpus-per-task", submit_cmd.cpus_per_task,
-                     "CPUs per rank (default: 1 for cuda; whole nodes shared by their ranks for cpu)")
-      ->check(CLI::NonNegativeNumber);
-
-  std::string model_file, import_config, import_weights;
-  auto* import = app.add_subcommand("import", "a Keras model (.h5 from model.save, or .json) as a config and init weights");
-  import->add_option("MODEL", model_file, "Keras model file (.h5, .json) or ONNX file (.onnx)")->required();
-  import->add_option("-o,--output", import_config, "config to write (default: MODEL's name with .yaml)");
-  import->add_option("--weights", import_weights, "init weights to write (default: MODEL's name with -init.h5)");
-  std::string input_size;
-  import->add_option("--input-size", input_size, "H,W: the image size of a model whose input leaves it open");
-  int import_channels = 0;
-  import->add_option("--channels", import_channels,
-                     "the image's channels: a pretrained first conv's kernel summed over its input channels for 1 "
-                     "(gray images into an RGB model), repeated and scaled otherwise")
-      ->check(CLI::PositiveNumber);
-
-  std::string convert_out;
-  auto* convert = app.add_subcommand("convert-data", "data.train (a CSV manifest) as an HDF5 file, after data.fit");
-  convert->add_option("CONFIG", config_path, "config whose data.train is a manifest")->required();
-  convert->add_option("OUT", convert_out, "output .h5 file")->required();
-  convert->add_option("--set", sets, "override a config key");
-
-  std::string file;
-  auto* inspect = app.add_subcommand("inspect", "show what a checkpoint or Keras weights file holds");
-  inspect->add_option("FILE", file, ".h5 file")->required();
-
+  const std::vector<Command> commands = {
+      train_command(app),  plan_command(app),      evaluate_command(app), predict_command(app),
+      report_command(app), make_data_command(app), submit_command(app),   import_command(app),
+      convert_data_command(app), inspect_command(app)};
   // A word that names no command gets a message that names it (CLI11 would only say that a
   // subcommand is required).
   if (argc > 1 && argv[1][0] != '-') {
     std::vector<std::string> names;
-    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+    for (const Command& c : commands) names.push_back(c.parser->get_name());
     if (std::find(names.begin(), names.end(), argv[1]) == names.end())
       throw ConfigError(fmt::format("unknown command '{}'; the commands are {} (see halotrain --help)", argv[1],
                                     fmt::join(names, ", ")));
@@ -288,41 +377,8 @@ int run(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 1;
   }
-  if (*plan) return cmd_plan(config_path, sets, json, html, mode);
-  if (*evaluate) return cmd_evaluate(config_path, sets, checkpoint, eval_data);
-  if (*predict) return cmd_predict(config_path, sets, checkpoint, input, output, float32);
-  if (*report) {
-    const std::string page = report_run_dir(run_dir);
-    std::cout << "wrote " << page << "\n";
-    return 0;
-  }
-  if (*train) return cmd_train(config_path, sets);
-  if (*submit) return run_submit(submit_cmd, std::cout, std::cerr);
-  if (*make_data) {
-    if (masks) data.targets = TargetKind::Masks;
-    write_synthetic_dataset(out_path, data);
-    std::cout << "wrote " << out_path << "\n";
-    return 0;
-  }
-  if (*inspect) return inspect_file(file, std::cout);
-  if (*convert) {
-    convert_data(load_config(config_path, sets), convert_out, std::cout);
-    return 0;
-  }
-  if (*import) {
-    ImportOptions options;
-    if (!input_size.empty()) {
-      int h = 0, w = 0;
-      char comma = 0, rest = 0;
-      if (std::sscanf(input_size.c_str(), "%d%c%d%c", &h, &comma, &w, &rest) != 3 || comma != ',' || h < 1 || w < 1)
-        throw ConfigError(fmt::format("--input-size {}: expected H,W (two integers >= 1, such as 1024,768)",
-                                      input_size));
-      options.input_height = h;
-      options.input_width = w;
-    }
-    options.channels = import_channels;
-    return run_import(model_file, import_config, import_weights, options, std::cout);
-  }
+  for (const Command& c : commands)
+    if (*c.parser) return c.action();
   return 1;
 }
 
