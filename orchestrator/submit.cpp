@@ -33,11 +33,25 @@ std::string probe_launcher() {
 
 int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& err) {
   namespace fs = std::filesystem;
-  // The ranks' threads are a plan input (oneDNN's scratch grows with them): auto resolves
-  // here to what each task gets, --cpus-per-task (1 without it), and the ranks are told so.
+  // The ranks' threads are a plan input (oneDNN's scratch grows with them). What each task
+  // gets and parallel.threads must agree: a set value asks Slurm for that many CPUs per
+  // task, and auto resolves here to --cpus-per-task (1 on CUDA without it), which the ranks
+  // are told. Only a CPU job on whole nodes without either keeps auto: its ranks split the
+  // node they land on, which the login node cannot know, so its plan is an estimate.
   std::vector<std::string> sets = command.sets;
-  if (load_config(command.config_path, command.sets).parallel.threads == 0)
-    sets.push_back(fmt::format("parallel.threads={}", std::max(command.cpus_per_task, 1)));
+  SubmitCommand resolved = command;
+  const Config given = load_config(command.config_path, command.sets);
+  const int threads = given.parallel.threads;
+  if (threads > 0 && command.cpus_per_task > 0 && threads != command.cpus_per_task) {
+    err << fmt::format("halotrain submit: parallel.threads {} and --cpus-per-task {} disagree: each rank runs "
+                       "parallel.threads CPU threads; give one of them, or the same number\n",
+                       threads, command.cpus_per_task);
+    return 1;
+  }
+  if (threads > 0) resolved.cpus_per_task = threads;
+  const bool cpu_whole_nodes = given.parallel.backend == Backend::CPU && resolved.cpus_per_task == 0;
+  if (threads == 0 && !cpu_whole_nodes)
+    sets.push_back(fmt::format("parallel.threads={}", std::max(resolved.cpus_per_task, 1)));
   const Config config = load_config(command.config_path, sets);
   const ModelSpec model = build_model_spec(config);
   const GridShape grid = plan_grid(config, model);
@@ -61,7 +75,7 @@ int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& er
   options.workdir = fs::current_path().string();
   options.sets = sets;
   options.launcher = command.launcher.empty() ? probe_launcher() : command.launcher;
-  options.cpus_per_task = command.cpus_per_task;
+  options.cpus_per_task = resolved.cpus_per_task;
   const std::string config_abs = fs::absolute(command.config_path).lexically_normal().string();
   const std::string script = render_sbatch(config, plan, config_abs, options);
   if (command.dry_run) {

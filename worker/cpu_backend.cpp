@@ -78,9 +78,10 @@ class CountedScratch : public cpu::ScratchArena {
 class CpuBackend : public ComputeBackend {
  public:
   // Freed tensors are cached for the next step (BlockCache::Reuse): a step allocates the
-  // same sizes every time. The thread count comes from cpu::worker_threads, capped by the
-  // CPUs this worker may use, so an MPI rank bound to one core does not run a team of
-  // cores/ranks threads on it.
+  // same sizes every time. The thread count is parallel.threads, or for auto
+  // cpu::worker_threads, capped by the CPUs this worker may use, so an MPI rank bound to one
+  // core does not run a team of cores/ranks threads on it (the launcher warns when a set
+  // value is more than it may use).
   explicit CpuBackend(const BackendOptions& o)
       : alloc_(o.name.empty() ? "cpu" : o.name, o.memory_budget, BlockCache::Reuse),
         host_pool_((o.name.empty() ? "cpu" : o.name) + " offload pool", 0, BlockCache::Reuse),

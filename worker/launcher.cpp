@@ -190,6 +190,12 @@ void ensure_data(const Config& config) {
 }
 
 void run_workers(const Config& config, const ShardPlan& plan, const WorkerBody& body) {
+  const int in_process = mpi_world_size() > 1 ? 1 : plan.world();
+  if (config.parallel.threads > 0 &&
+      int64_t(config.parallel.threads) * in_process > int64_t(cpu::usable_cpus()))
+    log().warn("parallel.threads {} for each of the {} rank{} here is more than the {} CPUs they may use: the "
+               "threads will share cores",
+               config.parallel.threads, in_process, in_process == 1 ? "" : "s", cpu::usable_cpus());
   if (mpi_world_size() > 1) return run_mpi(config, plan, body);
   run_local(config, plan, body);
 }

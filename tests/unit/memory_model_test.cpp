@@ -399,10 +399,15 @@ TEST(PlanReport, SetThreadsMakeThePlanTheSameOnEveryHost) {
   const ModelSpec m = build_model_spec(c);
   const ShardPlan p = make_shard_plan(m, {2, 1}, 2);
   auto plan_with = [&](const char* omp, const char* local) {
+    const char* kept = std::getenv("OMP_NUM_THREADS");
+    const std::string before = kept ? kept : "";
     setenv("OMP_NUM_THREADS", omp, 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "8", 1);  // an mpirun job of 8 ranks, `local` of them on this node
     setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local, 1);
     const std::string json = render_plan_json(c, make_plan(c, p));
-    unsetenv("OMP_NUM_THREADS");
+    if (kept) setenv("OMP_NUM_THREADS", before.c_str(), 1);
+    else unsetenv("OMP_NUM_THREADS");
+    unsetenv("OMPI_COMM_WORLD_SIZE");
     unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     return json;
   };

@@ -13,6 +13,7 @@
 
 #include "orchestrator/process.hpp"
 #include "orchestrator/slurm.hpp"
+#include "orchestrator/submit.hpp"
 #include "worker/signals.hpp"
 
 namespace ht {
@@ -191,6 +192,39 @@ TEST(SlurmScript, IsValidBash) {
   const CommandResult r = run_command({"bash", "-n", file.string()});
   fs::remove(file);
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// submit makes parallel.threads (a plan input) and the CPUs Slurm gives each task agree.
+TEST(SlurmSubmit, ThreadsAndCpusPerTaskAgree) {
+  const fs::path dir = fs::temp_directory_path() / ("ht_submit_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "seed.yaml").string();
+  std::ofstream(path) << kConfig;
+  auto submit = [&](std::vector<std::string> sets, int cpus, std::string* err = nullptr) {
+    SubmitCommand c;
+    c.config_path = path;
+    c.sets = std::move(sets);
+    c.sets.push_back("run_dir=" + (dir / "run").string());
+    c.dry_run = true;
+    c.launcher = "mpirun";
+    c.cpus_per_task = cpus;
+    std::ostringstream out, e;
+    const int rc = run_submit(c, out, e);
+    if (err) *err = e.str();
+    return rc == 0 ? out.str() : "exit " + std::to_string(rc);
+  };
+  const std::string cuda = submit({}, 0);  // auto on CUDA: one CPU a task, and the ranks are told
+  EXPECT_TRUE(has(cuda, "#SBATCH --cpus-per-task=1") && has(cuda, "--set parallel.threads=1")) << cuda;
+  const std::string four = submit({}, 4);
+  EXPECT_TRUE(has(four, "#SBATCH --cpus-per-task=4") && has(four, "--set parallel.threads=4")) << four;
+  const std::string set = submit({"parallel.threads=6"}, 0);  // a set value asks Slurm for as many
+  EXPECT_TRUE(has(set, "#SBATCH --cpus-per-task=6")) << set;
+  const std::string cpu = submit({"parallel.backend=cpu"}, 0);  // whole nodes: the ranks split them
+  EXPECT_TRUE(has(cpu, "#SBATCH --exclusive") && !has(cpu, "parallel.threads=")) << cpu;
+  std::string err;
+  EXPECT_EQ(submit({"parallel.threads=6"}, 4, &err), "exit 1");
+  EXPECT_TRUE(has(err, "parallel.threads 6 and --cpus-per-task 4 disagree")) << err;
+  fs::remove_all(dir);
 }
 
 TEST(SlurmPaths, RunDirResolvesAgainstTheWorkdir) {
