@@ -90,15 +90,6 @@ class ComputeBackend {
   virtual void channel_sum(int n, int c, int64_t hw, const float* x, double* host_sum) = 0;
   virtual void channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
                                   double* host_out) = 0;
-  // This shard's statistics per channel over its n x hw values: their mean and the sum of
-  // squared deviations from it (M2), which shards merge exactly (Chan et al.: batch norm's
-  // forward reads x once for its statistics). The default makes two passes; the CPU
-  // backend gathers both in one.
-  virtual void channel_moments(int n, int c, int64_t hw, const float* x, double* host_mean, double* host_m2) {
-    channel_sum(n, c, hw, x, host_mean);
-    for (int i = 0; i < c; ++i) host_mean[i] /= double(n) * double(hw);
-    channel_sq_dev_sum(n, c, hw, x, host_mean, host_m2);
-  }
   virtual void bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* host_mean,
                                 const double* host_invstd, const float* gamma, const float* beta,
                                 float* y) = 0;

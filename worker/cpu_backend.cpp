@@ -148,9 +148,6 @@ class CpuBackend : public ComputeBackend {
     std::fill(out, out + c, 0.0);
     cpu::channel_sq_dev_sum(n, c, hw, x, mean, out);
   }
-  void channel_moments(int n, int c, int64_t hw, const float* x, double* mean, double* m2) override {
-    cpu::channel_moments(n, c, hw, x, mean, m2);
-  }
   void bn_forward_apply(int n, int c, int64_t hw, const float* x, const double* mean,
                         const double* invstd, const float* gamma, const float* beta, float* y) override {
     cpu::bn_forward_apply(n, c, hw, x, mean, invstd, gamma, beta, y);

@@ -147,19 +147,12 @@ class BatchNormLayer : public Layer {
     const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
     mean_.assign(c, 0.0);
     invstd_.assign(c, 0.0);
-    // One pass gives this shard's mean and squared deviations (M2); the batch's mean is the
-    // sum of the shards' sums, and its M2 the sum of each shard's M2 about it (Chan et al.),
-    // exact in any sharding without a second pass over x.
-    std::vector<double> local_mean(c, 0.0), sq(c, 0.0);
-    ctx_.backend.channel_moments(x.n(), c, hw, x.data(), local_mean.data(), sq.data());
-    const double local_count = double(x.n()) * double(hw);
-    for (int i = 0; i < c; ++i) mean_[i] = local_mean[i] * local_count;
+    std::vector<double> sq(c, 0.0);
+    ctx_.backend.channel_sum(x.n(), c, hw, x.data(), mean_.data());
     sum_over_batch(mean_.data(), c);
     for (double& m : mean_) m /= count;
-    for (int i = 0; i < c; ++i) {
-      const double delta = local_mean[i] - mean_[i];
-      sq[i] += local_count * delta * delta;
-    }
+    // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
+    ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
     sum_over_batch(sq.data(), c);
     const double eps = spec().config.number("epsilon");
     for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);

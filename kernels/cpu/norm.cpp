@@ -57,62 +57,6 @@ void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, d
   });
 }
 
-namespace {
-
-// (count, mean, M2) of a set of values, merged with another's (Chan, Golub, LeVeque 1979).
-struct Moments {
-  double count = 0, mean = 0, m2 = 0;
-  void merge(double n, double m, double q) {
-    if (n == 0) return;
-    const double total = count + n, delta = m - mean;
-    mean += delta * (n / total);
-    m2 += q + delta * delta * (count * n / total);
-    count = total;
-  }
-};
-
-}  // namespace
-
-template <class T>
-void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2) {
-  const long planes = long(n) * c;
-  std::vector<Moments> part(static_cast<size_t>(planes));
-#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
-  for (long p = 0; p < planes; ++p) {
-    const T* xp = x + size_t(p) * hw;
-    Moments plane;
-    for (long i0 = 0; i0 < hw; i0 += kBlock) {
-      const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
-      const double len = double(i1 - i0);
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (long i = i0; i < i1; ++i) s += xp[i];
-      // Deviations from the block's rounded mean are small and exact to form; their sum
-      // corrects the mean, and M2 is taken about the corrected one.
-      const T m = T(double(s) / len);
-      T d1 = 0, d2 = 0;
-#pragma omp simd reduction(+ : d1, d2)
-      for (long i = i0; i < i1; ++i) {
-        const T d = xp[i] - m;
-        d1 += d;
-        d2 += d * d;
-      }
-      const double offset = double(d1) / len;
-      plane.merge(len, double(m) + offset, double(d2) - len * offset * offset);
-    }
-    part[size_t(p)] = plane;
-  }
-  for (int ch = 0; ch < c; ++ch) {
-    Moments all;
-    for (long p = ch; p < planes; p += c) {
-      const Moments& q = part[size_t(p)];
-      all.merge(q.count, q.mean, q.m2);
-    }
-    mean[ch] = all.mean;
-    m2[ch] = all.m2;
-  }
-}
-
 template <class T>
 void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
                       const T* gamma, const T* beta, T* y) {
@@ -244,7 +188,6 @@ void plane_backward_apply(int n, int c, long hw, const T* dy, const T* x, const 
 #define HT_NORM_INST(T)                                                                     \
   template void channel_sum<T>(int, int, long, const T*, double*);                          \
   template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);    \
-  template void channel_moments<T>(int, int, long, const T*, double*, double*);             \
   template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*, \
                                     const T*, const T*, T*);                                \
   template void bn_backward_sums<T>(int, int, long, const T*, const T*, const double*,      \

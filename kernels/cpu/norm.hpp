@@ -1,8 +1,7 @@
 // Batch-norm pieces. Statistics span the batch and every shard of an image, so the caller
 // reduces the partial sums across ranks between the pieces:
 //   forward : channel_sum -> (allreduce) mean -> channel_sq_dev_sum -> (allreduce)
-//             invstd = 1/sqrt(var + eps) -> bn_forward_apply; or channel_moments (one pass)
-//             -> (allreduce) mean -> each shard's M2 about it -> (allreduce)
+//             invstd = 1/sqrt(var + eps) -> bn_forward_apply
 //   backward: bn_backward_sums -> (allreduce) -> bn_backward_apply
 // Sums are double and accumulate (+=) so a caller can add several tensors into one.
 #pragma once
@@ -15,12 +14,6 @@ void channel_sum(int n, int c, long hw, const T* x, double* sum);
 // out[c] += sum over n, hw of (x - mean[c])^2 (two-pass variance: no cancellation).
 template <class T>
 void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, double* out);
-// mean[c] and m2[c] (overwritten): the mean of channel c over n, hw and the sum of squared
-// deviations from it, in one pass: each block of a plane is read twice while it is in
-// cache (its sum, then its deviations in T from its rounded mean), and the blocks and
-// planes merge in double by Chan et al.'s rule, in a fixed order.
-template <class T>
-void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2);
 // y = (x - mean) * invstd * gamma + beta; a null gamma is 1, a null beta 0 (batch norm
 // without scale or center).
 template <class T>
