@@ -24,17 +24,24 @@ constexpr int kSide = 4096, kTile = 256;
 
 uint8_t pattern(int64_t y, int64_t x) { return uint8_t((y * 7 + x * 3) % 251); }
 
-// A kSide x kSide 8-bit gray TIFF, tiled (kTile x kTile) or in strips of `strip_rows`.
-void write_tiff(const std::string& path, bool tiled, int strip_rows = 16) {
+// A side x side 8-bit gray, deflate-compressed BigTIFF open for writing (nullptr on failure).
+TIFF* open_gray_tiff(const std::string& path, int side) {
   TIFF* t = TIFFOpen(path.c_str(), "w8");  // BigTIFF
-  ASSERT_NE(t, nullptr);
-  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, kSide);
-  TIFFSetField(t, TIFFTAG_IMAGELENGTH, kSide);
+  if (!t) return nullptr;
+  TIFFSetField(t, TIFFTAG_IMAGEWIDTH, side);
+  TIFFSetField(t, TIFFTAG_IMAGELENGTH, side);
   TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
   TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
   TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
   TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
   TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+  return t;
+}
+
+// A kSide x kSide 8-bit gray TIFF, tiled (kTile x kTile) or in strips of `strip_rows`.
+void write_tiff(const std::string& path, bool tiled, int strip_rows = 16) {
+  TIFF* t = open_gray_tiff(path, kSide);
+  ASSERT_NE(t, nullptr);
   std::vector<uint8_t> buf;
   if (tiled) {
     TIFFSetField(t, TIFFTAG_TILEWIDTH, kTile);
@@ -200,15 +207,8 @@ TEST_F(ImageFilesTest, A40000SquareTiffRankReadsOnlyItsTilesWithinOneBand) {
   };
   const std::string path = file("big.tif");
   {
-    TIFF* t = TIFFOpen(path.c_str(), "w8");
+    TIFF* t = open_gray_tiff(path, kBig);
     ASSERT_NE(t, nullptr);
-    TIFFSetField(t, TIFFTAG_IMAGEWIDTH, kBig);
-    TIFFSetField(t, TIFFTAG_IMAGELENGTH, kBig);
-    TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, 1);
-    TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, 8);
-    TIFFSetField(t, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_MINISBLACK);
-    TIFFSetField(t, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
-    TIFFSetField(t, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
     TIFFSetField(t, TIFFTAG_TILEWIDTH, kBigTile);
     TIFFSetField(t, TIFFTAG_TILELENGTH, kBigTile);
     std::vector<std::vector<uint8_t>> packed(kVariants);
