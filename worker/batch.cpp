@@ -54,11 +54,17 @@ DataReaderOptions options_for(const Config& config, const ModelSpec& model, Data
 
 }  // namespace
 
-WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model) {
+WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model, const std::string& input,
+                                DataPurpose input_purpose) {
+  using File = std::tuple<std::string, const char*, DataPurpose>;
+  const std::vector<File> files =
+      input.empty() ? std::vector<File>{{config.data.train, "data.train", DataPurpose::Train},
+                                        {config.data.validation, "data.validation", DataPurpose::Evaluate}}
+                    : std::vector<File>{{input, input_purpose == DataPurpose::Predict ? "--input" : "--data",
+                                         input_purpose}};
   WholeDecodes all;
   uint64_t largest = 0;
-  for (const auto& [file, key, purpose] : {std::tuple{config.data.train, "data.train", DataPurpose::Train},
-                                          std::tuple{config.data.validation, "data.validation", DataPurpose::Evaluate}}) {
+  for (const auto& [file, key, purpose] : files) {
     if (file.empty() || !is_manifest(file)) continue;
     const ManifestImages images(file, options_for(config, model, purpose, key));
     const ManifestImages::WholeDecodes w = images.whole_decodes();

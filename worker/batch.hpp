@@ -41,7 +41,9 @@ SampleView augment_view(const Config& config, int64_t step, int64_t sample, int 
 
 // What the manifests among data.train and data.validation decode whole (orchestrator/plan.hpp
 // WholeDecodes), from their files' headers; ConfigError as a run's reader would say it.
-WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model);
+// With `input` (evaluate --data, predict --input): that file alone, read for `purpose`.
+WholeDecodes data_whole_decodes(const Config& config, const ModelSpec& model, const std::string& input = "",
+                                DataPurpose purpose = DataPurpose::Evaluate);
 
 class BatchSource {
  public:

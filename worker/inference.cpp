@@ -177,9 +177,12 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
 }
 
 // What both commands share: the plan of this launch, checked to fit for inference.
-ShardPlan inference_plan(const Config& config, const ModelSpec& model, Inference kind) {
+ShardPlan inference_plan(const Config& config, const ModelSpec& model, Inference kind, const std::string& data) {
   check_layer_kernels(model);
   const ShardPlan plan = launch_shards(config, model);
+  check_whole_decodes(config, plan,
+                      data_whole_decodes(config, model, data,
+                                         kind == Inference::Predict ? DataPurpose::Predict : DataPurpose::Evaluate));
   const MemoryEstimate e = estimate_inference_memory_max(config, plan, kind);
   if (e.total > config.parallel.device_memory)
     throw ConfigError(fmt::format("{}: parallel.grid [{}, {}] does not fit for inference: rank {} needs {} per device "
@@ -205,7 +208,7 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
   check_input_file(result.data, "--data");
   const Weights weights = choose_checkpoint(config, model, checkpoint);
   result.checkpoint = weights.path;
-  const ShardPlan plan = inference_plan(config, model, Inference::Evaluate);
+  const ShardPlan plan = inference_plan(config, model, Inference::Evaluate, result.data);
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Evaluate).total;
   bool root = false;  // this process holds rank 0 (under MPI, one process does)
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
@@ -236,7 +239,7 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
   const ModelSpec model = build_model_spec(config);
   check_input_file(input, "--input");
   const Weights ckpt = choose_checkpoint(config, model, checkpoint);
-  const ShardPlan plan = inference_plan(config, model, Inference::Predict);
+  const ShardPlan plan = inference_plan(config, model, Inference::Predict, input);
   PredictionResult result;
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Predict).total;
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {

@@ -167,16 +167,20 @@ Plan launch_plan(const Config& config, const ModelSpec& model) {
   Plan plan = make_plan(config, launch_shards(config, model));
   if (!plan.fits()) throw ConfigError(plan.verdict);
   plan.decodes = data_whole_decodes(config, model);
-  // Image files decoded whole: every rank on this machine keeps its own.
-  const int here = cpu::workers_on_node(mpi_world_size() > 1 ? 1 : plan.shards.world());
-  const uint64_t need = saturating_product({plan.decodes.per_rank, uint64_t(here)});
+  check_whole_decodes(config, plan.shards, plan.decodes);
+  return plan;
+}
+
+void check_whole_decodes(const Config& config, const ShardPlan& plan, const WholeDecodes& decodes) {
+  // Every rank on this machine keeps its own.
+  const int here = cpu::workers_on_node(mpi_world_size() > 1 ? 1 : plan.world());
+  const uint64_t need = saturating_product({decodes.per_rank, uint64_t(here)});
   if (need > physical_memory_bytes())
     throw ConfigError(fmt::format("{}: {} of the image files cannot be streamed and are decoded whole, {} for the {} "
                                   "rank{} on this machine, more than this machine's {} (the largest: {}); convert "
                                   "them to tiled TIFF, or to HDF5 with halotrain convert-data",
-                                  config.source_path, plan.decodes.images, format_size(need), here,
-                                  here == 1 ? "" : "s", format_size(physical_memory_bytes()), plan.decodes.largest));
-  return plan;
+                                  config.source_path, decodes.images, format_size(need), here, here == 1 ? "" : "s",
+                                  format_size(physical_memory_bytes()), decodes.largest));
 }
 
 void ensure_data(const Config& config) {

@@ -29,6 +29,9 @@ ShardPlan launch_shards(const Config& config, const ModelSpec& model);
 // The training plan of this launch (make_plan of launch_shards); ConfigError with its
 // verdict when it does not fit.
 Plan launch_plan(const Config& config, const ModelSpec& model);
+// ConfigError when the image files decoded whole (`decodes`, per rank) would need more
+// memory than this machine has for the ranks of `plan` it runs.
+void check_whole_decodes(const Config& config, const ShardPlan& plan, const WholeDecodes& decodes);
 
 // Makes data.train and data.validation from data.synthesize when they do not exist
 // (rank 0 under MPI, the others wait).

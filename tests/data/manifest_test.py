@@ -568,6 +568,23 @@ def main():
             "has 3 channels; model.input [40, 32, 1] has 1")
     refused("images of other sizes without data.fit", config("bad7", "pad.csv"), "pad.csv:3:",
             "is 34x32 (H x W), but model.input [40, 32, 1] needs 40x32; set data.fit: pad or crop")
+    # An interlaced PNG must be decoded whole: one whose header claims 200000 x 200000 pixels
+    # would need more memory than the machine has, which train and predict say before any step.
+    import struct
+    import zlib
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+    with open(path("vast.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 200000, 200000, 8, 0, 0, 0, 1))
+                + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    write_csv("vast.csv", "image,label", [("vast.png", 0), ("g8.png", 1)] * 2)
+    refused("an interlaced PNG too large to decode whole: refused before any step", config(
+        "bad9", "vast.csv", **{"data.fit": "resize"}), "vast.png", "cannot be streamed and are decoded whole")
+    r = subprocess.run([BIN, "predict", path("bad9.yaml"), "--checkpoint", path("runs/gray_h5/checkpoints/ckpt-3.h5"),
+                        "--input", path("vast.csv"), "--output", path("vast-out.h5")], capture_output=True, text=True,
+                       timeout=120)
+    check("and predict --input too", r.returncode == 1 and "cannot be streamed and are decoded whole" in r.stderr
+          and not os.path.exists(path("vast-out.h5")), r.stderr[-800:])
     write_csv("nohead.csv", "file,label", [("g8.png", 0)])
     refused("a manifest without an image column", config("bad8", "nohead.csv"), "nohead.csv:1:", "no 'image' column")
 
