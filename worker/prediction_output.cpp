@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "orchestrator/config.hpp"
 #include "orchestrator/files.hpp"
 #include "worker/h5.hpp"
 #include "worker/image_decoders.hpp"
+#include "worker/run_report.hpp"
 
 namespace fs = std::filesystem;
 
@@ -266,30 +266,16 @@ class DirectoryPredictions : public PredictionSink {
       return;
     }
     const int K = int(layout_.shape[1]);
-    const std::string path = (fs::path(dir_) / "scores.csv").string(), temp = h5::temp_path(path);
-    {
-      std::ofstream out(temp);
-      out << "image";
-      for (int k = 0; k < K; ++k) out << (K == 1 ? ",score" : fmt::format(",class_{}", k));
-      out << "\n";
-      for (size_t i = 0; i < stems_.size(); ++i) {
-        const std::string& name = layout_.names.empty() || layout_.names[i].empty() ? stems_[i] : layout_.names[i];
-        out << csv_field(name);
-        for (int k = 0; k < K; ++k) out << fmt::format(",{:.9g}", scores_[i * size_t(K) + size_t(k)]);
-        out << "\n";
-      }
-      out.flush();
-      if (!out) {
-        std::remove(temp.c_str());
-        throw ConfigError(fmt::format("--output {}: writing it failed", path));
-      }
+    std::string csv = "image";
+    for (int k = 0; k < K; ++k) csv += K == 1 ? ",score" : fmt::format(",class_{}", k);
+    csv += "\n";
+    for (size_t i = 0; i < stems_.size(); ++i) {
+      const std::string& name = layout_.names.empty() || layout_.names[i].empty() ? stems_[i] : layout_.names[i];
+      csv += csv_field(name);
+      for (int k = 0; k < K; ++k) csv += fmt::format(",{:.9g}", scores_[i * size_t(K) + size_t(k)]);
+      csv += "\n";
     }
-    try {
-      h5::commit_file(temp, path);
-    } catch (const std::exception& e) {
-      std::remove(temp.c_str());
-      throw ConfigError(fmt::format("--output {}: {}", path, e.what()));
-    }
+    publish_page((fs::path(dir_) / "scores.csv").string(), csv);  // written whole, then renamed
   }
 
  private:
