@@ -132,12 +132,45 @@ std::string render_predict_plan(const Config& config, const ShardPlan& plan, boo
   return s;
 }
 
+// The plan's per-rank memory table, and what its data files hold in host memory.
+std::string memory_table_text(const Config& config, const Plan& job) {
+  const uint64_t budget = config.parallel.device_memory;
+  std::string s;
+  auto line = [&s](const std::string& t) { s += t + "\n"; };
+  line(fmt::format("peak memory per device, by what it holds at that moment (budget "
+                   "parallel.device_memory = {}):",
+                   format_size(budget)));
+  line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
+                   "rank", "dev", "params", "grads", "optimizer", "input", "activations", "transient", "halo",
+                   "workspace", "PEAK", "verdict", "host pool"));
+  for (const MemoryEstimate& e : job.ranks)
+    line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
+                     e.rank, local_device_of(config, e.rank), format_size(e.params), format_size(e.grads),
+                     format_size(e.optimizer), format_size(e.input), format_size(e.activations),
+                     format_size(e.transient), format_size(e.halo), format_size(e.workspace),
+                     format_size(e.total), e.total <= budget ? "FITS" : "DOES NOT FIT",
+                     format_size(e.host_offload)));
+  if (const WholeDecodes& d = job.decodes; d.rows > 0) {
+    if (d.images == 0)
+      line(fmt::format("  data: {} image files, every one streamed: a rank decodes only the tiles or rows under "
+                       "its shard",
+                       d.rows));
+    else
+      line(fmt::format("  data: {} of {} image files cannot be streamed (interlaced PNG, progressive JPEG, a "
+                       "compressed DICOM frame) and are decoded whole, once per image: up to {} of host memory per rank beside the "
+                       "above (the largest: {})",
+                       d.images, d.rows, format_size(d.per_rank), d.largest));
+  }
+  line("");
+
+  return s;
+}
+
 std::string render_plan_text(const Config& config, const Plan& job) {
   const ShardPlan& plan = job.shards;
   const ModelSpec& m = plan.model;
   const uint64_t budget = config.parallel.device_memory;
   const LayerPolicies& policies = job.policies;
-  const std::vector<MemoryEstimate>& est = job.ranks;
   std::string s;
   auto line = [&s](const std::string& t) { s += t + "\n"; };
 
@@ -200,32 +233,7 @@ std::string render_plan_text(const Config& config, const Plan& job) {
     line(fmt::format("  {:<10} {}", to_string(p), layers_with(m, policies, p)));
   line("");
 
-  line(fmt::format("peak memory per device, by what it holds at that moment (budget "
-                   "parallel.device_memory = {}):",
-                   format_size(budget)));
-  line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
-                   "rank", "dev", "params", "grads", "optimizer", "input", "activations", "transient", "halo",
-                   "workspace", "PEAK", "verdict", "host pool"));
-  for (const MemoryEstimate& e : est)
-    line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
-                     e.rank, local_device_of(config, e.rank), format_size(e.params), format_size(e.grads),
-                     format_size(e.optimizer), format_size(e.input), format_size(e.activations),
-                     format_size(e.transient), format_size(e.halo), format_size(e.workspace),
-                     format_size(e.total), e.total <= budget ? "FITS" : "DOES NOT FIT",
-                     format_size(e.host_offload)));
-  if (const WholeDecodes& d = job.decodes; d.rows > 0) {
-    if (d.images == 0)
-      line(fmt::format("  data: {} image files, every one streamed: a rank decodes only the tiles or rows under "
-                       "its shard",
-                       d.rows));
-    else
-      line(fmt::format("  data: {} of {} image files cannot be streamed (interlaced PNG, progressive JPEG, a "
-                       "compressed DICOM frame) and are decoded whole, once per image: up to {} of host memory per rank beside the "
-                       "above (the largest: {})",
-                       d.images, d.rows, format_size(d.per_rank), d.largest));
-  }
-  line("");
-
+  s += memory_table_text(config, job);
   const DeviceCostModel device = cost_model_for(config);
   const StepTime& st = job.step_time;
   line(fmt::format("predicted step time on one {} per rank: {}", device.name, seconds_text(st.total())));
