@@ -23,8 +23,6 @@ const char* to_string(PixelType t) {
   return "?";
 }
 
-const char* to_string(TargetKind k) { return k == TargetKind::Labels ? "labels" : "masks"; }
-
 DataReaderOptions data_reader_options(const Config& config, const ModelSpec& spec) {
   DataReaderOptions o;
   o.images = config.data.images;

@@ -13,33 +13,12 @@
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
+#include "worker/data_options.hpp"
 
 namespace ht {
 
 enum class PixelType { Float32, UInt8, UInt16 };
 const char* to_string(PixelType t);  // "float32", "uint8", "uint16"
-
-enum class TargetKind { Labels, Masks };
-const char* to_string(TargetKind k);  // "labels", "masks"
-
-struct DataReaderOptions {
-  std::string images = "images";   // dataset names (data.images / data.targets)
-  std::string targets = "labels";  // empty: the file's targets are not read (prediction)
-  int height = 0, width = 0, channels = 0;  // model.input [H, W, C] the images must match
-  int downsample = 1;        // the file's images are downsample x larger; read box-averaged
-  bool larger_ok = false;    // random crops: the (downsampled) images may be larger than model.input
-  int classes = 0;                          // labels must lie in [0, classes); 0: unchecked
-  std::optional<TargetKind> expect;         // what the loss needs; nullopt: either
-  std::string key = "data.train";           // the config key naming the file, for messages
-  // Manifests (SPEC section 13): how an image of another size becomes model.input's, the
-  // value of padded pixels (in the file's units, before data.scale), the pyramid level.
-  DataFit fit = DataFit::Error;
-  double pad_value = 0;
-  int level = 0;
-  bool scale_auto = false;  // data.scale: auto: each image's integer range to [0, 1]
-  std::vector<double> mean, std;  // per channel, after the scale: (x - mean) / std
-  bool convert_channels = false;  // data.channels: gray and RGB images become model.input's channels
-};
 
 // Options for a run: model.input, data.images/targets, `classes` = units of the last layer
 // for softmax_cross_entropy, masks expected for sigmoid_bce, data.downsample, and larger

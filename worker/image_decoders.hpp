@@ -1,5 +1,6 @@
 // The decoders behind ImageFile (worker/image_files.hpp) that read through a library of
-// their own rather than row or tile by row or tile: DICOM (GDCM, a frame decoded whole) and
+// their own rather than row or tile by row or tile: DICOM (GDCM: a compressed frame decoded
+// whole, an uncompressed one read by rows where they lie) and
 // whole-slide images (OpenSlide, regions of a pyramid level). Shared by image_files.cpp:
 // the messages and the size check every format's header goes through.
 #pragma once
@@ -8,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/image_files.hpp"
+#include "worker/image_info.hpp"
 
 namespace ht::image_decoders {
 

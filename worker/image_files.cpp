@@ -1,18 +1,12 @@
 #include "worker/image_files.hpp"
 
-#include <fmt/format.h>
-#include <png.h>
-#include <tiffio.h>
-// clang-format off
-#include <cstdio>  // before jpeglib.h, which needs FILE
-#include <jpeglib.h>
-// clang-format on
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <tiffio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,49 +15,19 @@
 
 #include "orchestrator/config.hpp"
 #include "worker/image_decoders.hpp"
+#include "worker/image_streams.hpp"
 
 namespace ht {
 
 namespace fs = std::filesystem;
-
-const char* to_string(ImageFormat f) {
-  switch (f) {
-    case ImageFormat::PNG: return "PNG";
-    case ImageFormat::JPEG: return "JPEG";
-    case ImageFormat::TIFF: return "TIFF";
-    case ImageFormat::DICOM: return "DICOM";
-    case ImageFormat::Slide: return "slide";
-  }
-  return "?";
-}
-
-std::string ImageInfo::describe() const {
-  std::string s = fmt::format("{} {}x{}, {} channel{}, ", to_string(format), width, height, channels,
-                              channels == 1 ? "" : "s");
-  if (format == ImageFormat::Slide) return s + fmt::format("{} (OpenSlide)", vendor);
-  if (floating) return s + "float32";
-  if (format == ImageFormat::DICOM) {
-    s += fmt::format("{} of {} bits{}", bits_stored, bits, is_signed ? " signed" : "");
-    if (invert) s += ", inverted";
-    if (slope != 1 || intercept != 0) s += fmt::format(", rescale {} x + {}", slope, intercept);
-    return s;
-  }
-  return s + fmt::format("{} bits{}", bits, is_signed ? " signed" : "");
-}
-
-double ImageInfo::full_scale() const {
-  if (floating) return 1.0;
-  const int b = format == ImageFormat::DICOM ? bits_stored : bits;
-  // A signed TIFF's range is [-2^(b-1), 2^(b-1) - 1]: scaled into [-1, 1).
-  if (is_signed && format != ImageFormat::DICOM) return double(uint64_t(1) << (b - 1));
-  return double((uint64_t(1) << b) - 1);
-}
 
 namespace {
 
 using image_decoders::check_size;
 using image_decoders::tiff_error;
 using image_decoders::fail;
+using image_streams::JpegReader;
+using image_streams::PngReader;
 
 // The format by the file's first bytes, not its name.
 ImageFormat sniff(const std::string& path) {
@@ -83,159 +47,6 @@ ImageFormat sniff(const std::string& path) {
   if (n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return ImageFormat::JPEG;
   fail(path, "is not an image halotrain reads: expected PNG, JPEG, TIFF/BigTIFF or DICOM (read by content, not name)");
 }
-
-// --- PNG (libpng): rows decoded in order; an interlaced file is decoded whole -----------
-
-struct PngReader {
-  std::string path;
-  FILE* file = nullptr;
-  png_structp png = nullptr;
-  png_infop info = nullptr;
-  int64_t next_row = 0;  // the next row the stream gives
-  char error[256] = {};
-
-  static void on_error(png_structp p, png_const_charp msg) {
-    auto* self = static_cast<PngReader*>(png_get_error_ptr(p));
-    std::snprintf(self->error, sizeof self->error, "%s", msg);
-    longjmp(png_jmpbuf(p), 1);
-  }
-  static void on_warning(png_structp, png_const_charp) {}
-
-  void close() {
-    if (png) png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
-    png = nullptr;
-    info = nullptr;
-    if (file) std::fclose(file);
-    file = nullptr;
-  }
-  ~PngReader() { close(); }
-
-  // Opens the stream and reads the header, with the transforms that give one byte or one
-  // host-order 16-bit word per sample, alpha dropped, palettes expanded unless `indices`.
-  // False with `error` set on a libpng error.
-  bool open(bool indices, ImageInfo* out) {
-    close();
-    file = std::fopen(path.c_str(), "rb");
-    if (!file) {
-      std::snprintf(error, sizeof error, "cannot be opened: %s", std::strerror(errno));
-      return false;
-    }
-    png = png_create_read_struct(PNG_LIBPNG_VER_STRING, this, on_error, on_warning);
-    info = png ? png_create_info_struct(png) : nullptr;
-    if (!png || !info) {
-      std::snprintf(error, sizeof error, "libpng could not start");
-      return false;
-    }
-    if (setjmp(png_jmpbuf(png))) return false;
-    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
-    png_init_io(png, file);
-    png_read_info(png, info);
-    const int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
-    if (color == PNG_COLOR_TYPE_PALETTE && !indices) png_set_palette_to_rgb(png);
-    if (depth < 8) png_set_packing(png);  // 1, 2, 4-bit samples as bytes of the same value
-    if (depth == 16) png_set_swap(png);   // network order to the host's
-    if (color & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
-    png_set_interlace_handling(png);
-    png_read_update_info(png, info);
-    out->format = ImageFormat::PNG;
-    out->height = int(png_get_image_height(png, info));
-    out->width = int(png_get_image_width(png, info));
-    out->channels = int(png_get_channels(png, info));
-    out->bits = depth;
-    out->streamed = png_get_interlace_type(png, info) == PNG_INTERLACE_NONE;
-    next_row = 0;
-    return true;
-  }
-
-  // The next `n` rows into `rows` (row pointers); false with `error` set on a libpng error.
-  bool read_rows(png_bytep* rows, int n) {
-    if (setjmp(png_jmpbuf(png))) return false;
-    png_read_rows(png, rows, nullptr, png_uint_32(n));
-    next_row += n;
-    return true;
-  }
-  bool read_image(png_bytep* rows) {
-    if (setjmp(png_jmpbuf(png))) return false;
-    png_read_image(png, rows);
-    next_row = png_get_image_height(png, info);
-    return true;
-  }
-};
-
-// --- JPEG (libjpeg): scanlines decoded in order ------------------------------------------
-
-struct JpegReader {
-  struct Error {
-    jpeg_error_mgr mgr;
-    jmp_buf jump;
-    char message[JMSG_LENGTH_MAX];
-  };
-  std::string path;
-  FILE* file = nullptr;
-  jpeg_decompress_struct cinfo{};
-  Error err{};
-  bool created = false;
-  int64_t next_row = 0;
-
-  static void on_error(j_common_ptr c) {
-    auto* e = reinterpret_cast<Error*>(c->err);
-    (*c->err->format_message)(c, e->message);
-    longjmp(e->jump, 1);
-  }
-  static void on_message(j_common_ptr) {}
-
-  void close() {
-    if (created) jpeg_destroy_decompress(&cinfo);
-    created = false;
-    if (file) std::fclose(file);
-    file = nullptr;
-  }
-  ~JpegReader() { close(); }
-
-  // False with err.message set on a libjpeg error.
-  bool open(ImageInfo* out) {
-    close();
-    file = std::fopen(path.c_str(), "rb");
-    if (!file) {
-      std::snprintf(err.message, sizeof err.message, "cannot be opened: %s", std::strerror(errno));
-      return false;
-    }
-    cinfo.err = jpeg_std_error(&err.mgr);
-    err.mgr.error_exit = on_error;
-    err.mgr.output_message = on_message;
-    if (setjmp(err.jump)) return false;
-    jpeg_create_decompress(&cinfo);
-    created = true;
-    jpeg_stdio_src(&cinfo, file);
-    jpeg_read_header(&cinfo, TRUE);
-    if (cinfo.num_components != 1 && cinfo.num_components != 3) {
-      std::snprintf(err.message, sizeof err.message, "has %d components (CMYK?); halotrain reads gray or RGB JPEGs",
-                    cinfo.num_components);
-      return false;
-    }
-    cinfo.out_color_space = cinfo.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
-    jpeg_start_decompress(&cinfo);
-    out->format = ImageFormat::JPEG;
-    out->height = int(cinfo.output_height);
-    out->width = int(cinfo.output_width);
-    out->channels = int(cinfo.output_components);
-    out->bits = 8;
-    // A progressive file's scans each cover the whole image: libjpeg holds all of it.
-    out->streamed = !jpeg_has_multiple_scans(&cinfo);
-    next_row = 0;
-    return true;
-  }
-  bool read_row(uint8_t* row) {
-    if (setjmp(err.jump)) return false;
-    JSAMPROW rows[1] = {row};
-    if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
-      std::snprintf(err.message, sizeof err.message, "ends before row %lld", static_cast<long long>(next_row));
-      return false;
-    }
-    ++next_row;
-    return true;
-  }
-};
 
 // --- TIFF (libtiff): the strips or tiles under a block ------------------------------------
 
@@ -559,14 +370,14 @@ struct ImageFile::Impl {
   }
 };
 
-ImageFile::ImageFile(const std::string& path, int level, bool indices, float transparent)
+ImageFile::ImageFile(const std::string& path, int level, bool indices, float transparent, const ImageInfo* known)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.path = path;
   m.level = level;
   m.indices = indices;
   m.transparent = transparent;
-  m.info = probe_image(path, level, indices);
+  m.info = known ? *known : probe_image(path, level, indices);
   if (m.info.format == ImageFormat::Slide) {
     ImageInfo again;
     m.slide = std::make_unique<image_decoders::Slide>(path, level, &again);

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/data_reader.hpp"
+#include "worker/data_options.hpp"
 #include "worker/image_files.hpp"
 #include "worker/manifest.hpp"
 
