@@ -162,7 +162,8 @@ ImageFile& ManifestImages::file_of(bool mask, int64_t index) {
     f.reset();
     open = -1;
     try {
-      f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt_.level, mask, float(opt_.pad_value));
+      f = std::make_unique<ImageFile>(mask ? r.target : r.image, opt_.level, mask, float(opt_.pad_value),
+                                      mask ? &target_info_[size_t(index)] : &image_info_[size_t(index)]);
     } catch (const ConfigError& e) {
       throw ConfigError(fmt::format("{}:{}: {}", path_, r.line, e.what()));
     }
