@@ -38,11 +38,24 @@ namespace {
 
 using namespace ht;
 
+// `plan --schedule`: the step schedule of one rank (default: the busiest) instead of the plan.
+int print_schedule(const Config& config, const Plan& plan, int rank, bool json) {
+  if (rank < 0) rank = plan.busiest.rank;
+  if (rank >= plan.shards.world())
+    throw ConfigError(fmt::format("plan --rank {}: the plan has ranks 0 to {}", rank, plan.shards.world() - 1));
+  const StepSchedule schedule = training_schedule(config, plan.shards, rank, plan.policies);
+  std::cout << (json ? render_schedule_json(schedule, plan.model()) + "\n"
+                     : render_schedule_text(schedule, plan.model()));
+  return 0;
+}
+
 int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool json, const std::string& html,
-             const std::string& mode) {
+             const std::string& mode, bool schedule, int rank) {
   Config config = load_config(path, sets);
   const ModelSpec model = build_model_spec(config);
   ShardPlan shards = make_shard_plan(model, plan_grid(config, model));
+  if (schedule && mode == "predict")
+    throw ConfigError("plan --schedule: the step schedule is training's; leave out --mode predict");
   if (mode == "predict") {
     std::cout << render_predict_plan(config, shards, json);
     const std::string verdict = predict_fit_verdict(config, shards);
@@ -51,6 +64,7 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
     return 1;
   }
   Plan plan = make_plan(config, std::move(shards));
+  if (schedule) return print_schedule(config, plan, rank, json);
   plan.decodes = data_whole_decodes(config, model);
   std::cout << (json ? render_plan_json(config, plan) : render_plan_text(config, plan));
   if (!html.empty()) {
@@ -128,14 +142,14 @@ int relaunch_until_done(const Config& config) {
   }
 }
 
-int cmd_train(const std::string& path, const std::vector<std::string>& sets) {
+int cmd_train(const std::string& path, const std::vector<std::string>& sets, const TrainOptions& options) {
   Config config = load_config(path, sets);
   if (config.recycle.mode == RecycleMode::Restart && config.recycle.every_steps > 0 && !launched_by_mpi() &&
       !std::getenv("HALOTRAIN_SUPERVISED"))
     return relaunch_until_done(config);
   install_stop_handlers(config.slurm.signal, config.slurm.signal_before);
   log().info("config {} (resolved):\n{}", path, to_yaml(config));
-  const TrainSummary s = run_training(config);
+  const TrainSummary s = run_training(config, options);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   std::string validation;
@@ -201,15 +215,22 @@ void add_config_args(CLI::App* sub, ConfigArgs& args) {
 }
 
 Command train_command(CLI::App& app) {
-  auto a = std::make_shared<ConfigArgs>();
+  struct Args : ConfigArgs {
+    TrainOptions options;
+  };
+  auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("train", "train a config (all shards here, or one per MPI rank)");
   add_config_args(sub, *a);
-  return {sub, [a] { return cmd_train(a->path, a->sets); }};
+  sub->add_flag("--trace-memory", a->options.trace_memory,
+                "write every allocation of the run's second step to run_dir/memory-trace-RANK.json, by operation of "
+                "`plan --schedule`");
+  return {sub, [a] { return cmd_train(a->path, a->sets, a->options); }};
 }
 
 Command plan_command(CLI::App& app) {
   struct Args : ConfigArgs {
-    bool json = false;
+    bool json = false, schedule = false;
+    int rank = -1;
     std::string html, mode = "train";
   };
   auto a = std::make_shared<Args>();
@@ -219,7 +240,11 @@ Command plan_command(CLI::App& app) {
   sub->add_option("--html", a->html, "also write the plan as a self-contained HTML page to this file");
   sub->add_option("--mode", a->mode, "train (default) or predict: the memory of inference")
       ->check(CLI::IsMember({"train", "predict"}));
-  return {sub, [a] { return cmd_plan(a->path, a->sets, a->json, a->html, a->mode); }};
+  sub->add_flag("--schedule", a->schedule,
+                "print a training step's operations in order, with the memory each allocates and frees, instead");
+  sub->add_option("--rank", a->rank, "with --schedule: this rank's (default: the one with the highest peak)")
+      ->check(CLI::NonNegativeNumber);
+  return {sub, [a] { return cmd_plan(a->path, a->sets, a->json, a->html, a->mode, a->schedule, a->rank); }};
 }
 
 Command evaluate_command(CLI::App& app) {

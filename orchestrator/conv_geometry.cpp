@@ -1,9 +1,10 @@
 #include "orchestrator/conv_geometry.hpp"
 
+#include <algorithm>
+
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/threads.hpp"
 #include "orchestrator/layer_kind.hpp"
-#include "orchestrator/memory_model.hpp"
 
 namespace ht {
 
@@ -69,6 +70,13 @@ std::vector<ShardConv> shard_convs(const ShardPlan& plan, int rank, int batch, C
     for (const ShardConv& c : layer_convs(plan, l, rank, batch, use)) all.push_back(c);
   return all;
 }
+
+int local_batch(const Config& config, int groups) {
+  groups = std::max(groups, 1);
+  return std::max(1, (config.training.batch_size / config.training.accumulate + groups - 1) / groups);
+}
+
+int local_batch(const Config& config, const ShardPlan& plan) { return local_batch(config, plan.groups); }
 
 uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   if (config.parallel.backend != Backend::CPU) return 0;

@@ -20,6 +20,10 @@ struct ShardConv {
 };
 enum class ConvUse { Training, Inference };
 
+// Images per (micro-)batch on one rank: batch_size / accumulate / groups, rounded up.
+int local_batch(const Config& config, const ShardPlan& plan);
+int local_batch(const Config& config, int groups);
+
 // Layer l's convolutions on `rank` at `batch` images: a conv2d's or depthwise_conv2d's
 // over its halo-extended input; a separable conv's depthwise one and its 1x1 pointwise
 // one; a transposed conv's (whose forward is the kernel's backward data). None for other

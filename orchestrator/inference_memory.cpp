@@ -1,6 +1,6 @@
 // The memory model of inference (evaluate, predict, validation during training): the
 // worker's forward_inference order replayed against the per-rank sizes of the training
-// model (StepMemory::sizes_of).
+// model (rank_sizes).
 #include <algorithm>
 
 #include "orchestrator/conv_geometry.hpp"
@@ -23,7 +23,7 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   // output, and the inputs it read last freed; predict then moves the output to rank 0 in
   // bands.
   const ModelSpec& m = plan.model;
-  const StepMemory::RankSizes z = StepMemory::sizes_of(config, plan, rank);
+  const RankSizes z = rank_sizes(config, plan, rank);
   MemoryEstimate e;
   e.rank = rank;
   e.local_batch = local_batch(config, plan);
@@ -36,12 +36,12 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
     peak_halo = halo;
   };
   for (int l = 0; l < int(m.layers.size()); ++l) {
-    const StepMemory::LayerSizes& s = z.layers[l];
+    const LayerSizes& s = z.layers[l];
     // The extended copy of a windowed layer, or the inputs a layer gathers whole.
     uint64_t ext = m.layers[l].windowed() && !s.in_place ? s.ext : 0;
     for (uint64_t whole : s.gathered) ext += whole;
     if (m.layers[l].windowed())
-      for (uint64_t stage : s.stage) at_peak(live + ext + stage, ext, stage);
+      for (int ph : {0, 1}) at_peak(live + ext + s.stage(ph), ext, s.stage(ph));
     at_peak(live + ext + s.inner + s.out, ext + s.inner, 0);  // a separable conv's inner tensor beside it
     live += s.out;  // the extended copy goes, and each tensor it read for the last time
     const std::vector<int>& in = m.layers[l].inputs;
@@ -73,7 +73,7 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   if (config.parallel.backend == Backend::CUDA) {
     e.workspace = cudnn_workspace_bytes(config, m);
     uint64_t padded = 0;
-    for (const StepMemory::LayerSizes& s : z.layers) padded = std::max(padded, s.padded);
+    for (const LayerSizes& s : z.layers) padded = std::max(padded, s.padded);
     e.workspace += padded;
   }
   e.workspace += conv_scratch_bytes(config, plan, rank, ConvUse::Inference);  // CPU: oneDNN's, reserved with the layers

@@ -2,12 +2,11 @@
 // policies, and halo traffic per step (the grid search is plan.hpp's). Pure: no device, no
 // MPI, no data.
 //
-// The peak is found by replaying one training step's allocations and frees in the order
-// the worker makes them (worker/trainer.cpp, worker/layers.cpp, worker/halo_exchange.cpp),
-// under the per-layer activation policies of the plan: keep (saved until backward),
-// offload (moved to a host pool between forward and backward) or recompute (dropped, and
-// the run of dropped layers is recomputed from the last stored activation during
-// backward). Everything is float32.
+// The training peak is the sum over the step schedule (step_schedule.hpp), the operations
+// the worker runs, under the per-layer activation policies of the plan: keep (saved until
+// backward), offload (moved to a host pool between forward and backward) or recompute
+// (dropped, and the run of dropped layers is recomputed from the last stored activation
+// during backward). Everything is float32.
 #pragma once
 
 #include <cstdint>
@@ -18,14 +17,10 @@
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
+#include "orchestrator/step_schedule.hpp"
 
 namespace ht {
 
-// Per layer: what happens to the activations saved for its backward (its output, and the
-// halo-extended input of a windowed layer) between forward and backward. Keep, Offload or
-// Recompute only (never Auto). The last layer and the layers after the global pool always
-// keep.
-using LayerPolicies = std::vector<ActivationPolicy>;
 // Every layer that can take `policy` gets it, except that Recompute keeps the outputs of
 // strided layers and tensors with several readers as segment boundaries.
 LayerPolicies uniform_policies(const ModelSpec& model, ActivationPolicy policy);
@@ -44,16 +39,6 @@ uint64_t replicated_bytes(const Config& config, const ModelSpec& model);
 // float32 bytes of `rect` for `channels` planes of `batch` images.
 uint64_t tile_bytes(const Rect& rect, int channels, int batch);
 
-// Whether the layer's backward reads its halo-extended input (convolution for its weight
-// gradient, max pooling for its input gradient, which a layer reading the image computes
-// not). A layer that does not keep it gathers it again, halo exchange included, on every
-// rank.
-bool backward_reads_window(const LayerSpec& layer);
-// Whether the layer makes the gradient of its `k`th input: not of the image, nor of a
-// tensor before which no weight trains (LayerSpec::input_gradients).
-inline bool makes_input_gradient(const LayerSpec& layer, size_t k = 0) {
-  return layer.inputs[k] > 0 && (layer.input_gradients.empty() || layer.input_gradients[k]);
-}
 
 // Bytes one rank holds at the moment of its peak, by kind. The kinds add up to the total.
 struct MemoryEstimate {
@@ -115,6 +100,10 @@ MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int 
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
 // The same for one plan under many policies: the plan's sizes are computed once, so each
 // estimate is a replay of arithmetic (the planner's policy search).
+// The peak of a schedule and the bytes by kind live at it (its first peak), and the host
+// pool's peak.
+MemoryEstimate sum_schedule(const StepSchedule& schedule);
+
 class StepMemory {
  public:
   StepMemory(const Config& config, const ShardPlan& plan);
@@ -126,29 +115,6 @@ class StepMemory {
   // gradient, its input and output are on the device with both gradients, beside the
   // weights, the image tile and the targets (and the cuDNN workspace on CUDA).
   uint64_t lower_bound() const;
-
-  // What a replay needs of one rank's plan: every size in bytes (halo regions and
-  // rectangles are not free to compute).
-  struct LayerSizes {
-    uint64_t out = 0;        // the owned output (the next layer's input)
-    uint64_t ext = 0;        // the needed input rectangle, halo included
-    uint64_t owned_in = 0;   // the owned input, as the kernel takes it (gathered: the whole)
-    std::vector<uint64_t> owned_ins;  // this rank's part of each input (joins: several)
-    std::vector<uint64_t> gathered;   // per input: the whole of it where the layer gathers it, else 0
-    uint64_t inner = 0;      // a tensor inside the layer (LayerSpec::inner_channels)
-    uint64_t stage[2] = {};  // send + receive staging of the rows and the cols phase
-    bool in_place = false;   // needed == owned: no extended copy
-    uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
-  };
-  struct RankSizes {
-    uint64_t input = 0, targets = 0;
-    uint64_t conv_scratch = 0;  // CPU backend: oneDNN's reorder buffers and scratchpad (conv_geometry.hpp)
-    // CPU backend: the next micro-batch's image and target tiles, read in the background
-    // during this one (worker/batch.hpp); on CUDA they wait in host memory.
-    uint64_t staged = 0;
-    std::vector<LayerSizes> layers;
-  };
-  static RankSizes sizes_of(const Config& config, const ShardPlan& plan, int rank);
 
  private:
   MemoryEstimate replay(const RankSizes& sizes, int rank, const LayerPolicies& policies) const;

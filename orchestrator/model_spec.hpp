@@ -156,5 +156,11 @@ int64_t training_starts(const Config& config, const ModelSpec& model, int l);
 // or before it. `frozen` (per layer, frozen_layers) holds back weights that would train;
 // empty: only WeightSpec::trainable counts (what the plan and the memory model assume).
 std::vector<char> gradient_flow(const ModelSpec& model, const std::vector<char>& frozen = {});
+// Whether the layer makes the gradient of its `k`th input: not of the image, nor of a
+// tensor before which no weight trains (LayerSpec::input_gradients).
+inline bool makes_input_gradient(const LayerSpec& layer, size_t k = 0) {
+  return layer.inputs[k] > 0 && (layer.input_gradients.empty() || layer.input_gradients[k]);
+}
+
 
 }  // namespace ht

@@ -3,7 +3,8 @@
 // fits. `plan`, `submit`, `train` (the launcher and every trainer) and the report read this
 // one object instead of deriving its parts again.
 //
-// The planning files depend one way: model_spec <- shard_plan <- memory_model (the replay
+// The planning files depend one way: model_spec <- shard_plan <- conv_geometry <-
+// step_schedule (a rank's step, operation by operation) <- memory_model (the sum over it
 // under given policies) <- activation_plan (chooses policies, predicts step time) <- plan
 // (chooses the grid, judges the fit) <- plan_report (renders a Plan).
 #pragma once

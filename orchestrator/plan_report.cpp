@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 namespace ht {
@@ -334,6 +335,73 @@ std::string render_plan_json(const Config& config, const Plan& job) {
                    json_string(verdict));
   s += "}\n";
   return s;
+}
+
+namespace {
+
+// The layer or tensor an operation names.
+std::string op_subject(const StepOp& op, const ModelSpec& m) {
+  if (op.index < 0) return "";
+  switch (op.action) {
+    case StepAction::Forward:
+    case StepAction::Recompute:
+    case StepAction::Backward:
+    case StepAction::SkipBackward: return m.layers[op.index].config.name;
+    default: return op.index == 0 ? "image" : m.layers[op.index - 1].config.name;
+  }
+}
+
+}  // namespace
+
+std::string render_schedule_text(const StepSchedule& s, const ModelSpec& m) {
+  // Per operation the device bytes live at its highest and after it; the step's peak.
+  std::vector<int64_t> high(s.ops.size()), after(s.ops.size());
+  int64_t now = 0, peak = 0;
+  size_t at_peak = 0;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    high[i] = now;
+    for (const MemoryEvent& e : s.ops[i].events) {
+      if (e.kind == MemoryKind::Host) continue;
+      now += e.bytes;
+      high[i] = std::max(high[i], now);
+    }
+    after[i] = now;
+    if (high[i] > peak) peak = high[i], at_peak = i;
+  }
+  std::string out = fmt::format("step schedule of rank {}: {} operations{}\n", s.rank, s.ops.size(),
+                                s.micro_batches > 1
+                                    ? fmt::format(" (ops {} to {} run {} times, once per micro-batch)", s.micro_begin,
+                                                  s.micro_end - 1, s.micro_batches)
+                                    : "");
+  out += fmt::format("{:>4}  {:<15} {:<26} {:>11} {:>11}  {}\n", "op", "action", "layer / tensor", "highest",
+                     "after", "allocated + / freed - (device memory; host: the offload pool)");
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const StepOp& op = s.ops[i];
+    std::string events;
+    for (const MemoryEvent& e : op.events)
+      events += fmt::format("{}{}{} {}", events.empty() ? "" : ", ", e.bytes > 0 ? "+" : "-",
+                            format_size(uint64_t(std::abs(e.bytes))), memory_kind_name(e.kind));
+    out += fmt::format("{:>4}  {:<15} {:<26} {:>11} {:>11}  {}{}\n", i, step_action_name(op.action),
+                       op_subject(op, m), format_size(uint64_t(high[i])), format_size(uint64_t(after[i])), events,
+                       i == at_peak ? "   <- peak" : "");
+  }
+  out += fmt::format("peak {} during op {} ({} {})\n", format_size(uint64_t(peak)), at_peak,
+                     step_action_name(s.ops[at_peak].action), op_subject(s.ops[at_peak], m));
+  return out;
+}
+
+std::string render_schedule_json(const StepSchedule& s, const ModelSpec& m) {
+  std::string out = fmt::format("{{\"rank\": {}, \"micro_batches\": {}, \"micro_batch\": [{}, {}], \"ops\": [", s.rank,
+                                s.micro_batches, s.micro_begin, s.micro_end);
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const StepOp& op = s.ops[i];
+    out += fmt::format("{}\n  {{\"action\": \"{}\", \"index\": {}, \"name\": {}, \"events\": [", i ? "," : "",
+                       step_action_name(op.action), op.index, json_string(op_subject(op, m)));
+    for (size_t j = 0; j < op.events.size(); ++j)
+      out += fmt::format("{}[\"{}\", {}]", j ? ", " : "", memory_kind_name(op.events[j].kind), op.events[j].bytes);
+    out += "]}";
+  }
+  return out + "\n]}";
 }
 
 }  // namespace ht

@@ -28,4 +28,11 @@ std::string render_plan_json(const Config& config, const Plan& plan);
 std::string render_predict_plan(const Config& config, const ShardPlan& plan, bool json);
 std::string predict_fit_verdict(const Config& config, const ShardPlan& plan);
 
+// `plan --schedule`: one line per operation of a step schedule: what it does (layer names from the model), the bytes it
+// allocates and frees by kind, and the device bytes live after it; the peak marked.
+std::string render_schedule_text(const StepSchedule& schedule, const ModelSpec& model);
+// {"rank", "micro_batches", "micro_batch": [first, end), "ops": [{"action", "index", "name",
+// "events": [[kind, bytes], ...]}]}
+std::string render_schedule_json(const StepSchedule& schedule, const ModelSpec& model);
+
 }  // namespace ht

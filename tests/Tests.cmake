@@ -103,6 +103,12 @@ ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${
 ht_script_test(memory_policies "memory" 600 memory/policies_test.py
                ${CMAKE_BINARY_DIR}/memory-policies)
 
+# The worker executes the step schedule: a real step's allocations and frees, traced per
+# operation, equal `plan --schedule`'s on every rank (chains, U-Net, ResNet, EfficientNet;
+# every policy, micro-batches, frozen layers).
+ht_script_test(memory_schedule_trace "memory" 600 memory/schedule_trace_test.py
+               ${CMAKE_BINARY_DIR}/schedule-trace)
+
 # SPEC section 14 end to end (tests/finetune/finetune_test.py): early stopping, the plateau
 # schedule and best.h5 against Keras rules, resumed mid-patience bit for bit; frozen layers.
 ht_script_test(finetune "checkpoint" 600 finetune/finetune_test.py ${CMAKE_BINARY_DIR}/finetune)

@@ -111,8 +111,9 @@ BatchSource::BatchSource(const Config& config, const ShardPlan& plan, int rank, 
                                   config.training.batch_size));
 }
 
-// A training micro-batch read on a background thread: its tensors were allocated on the
-// loading thread; the reader fills `host` (CUDA) or the image tensor itself (CPU).
+// A training micro-batch read on a background thread: on the CPU its tensors were
+// allocated on the loading thread and the reader fills the image tensor itself; on a device
+// it fills `host`, and the device tensors are allocated when the batch is taken.
 struct BatchSource::Pending {
   int64_t step = 0;
   int micro = 0;
@@ -169,6 +170,11 @@ Batch BatchSource::load(int64_t step, int micro, int64_t next_step, int next_mic
     pending_->done.get();  // rethrows what the reader threw
     batch = std::move(pending_->batch);
     first = pending_->first;
+    if (!pending_->host.empty()) {  // read into host memory: the device tensors now
+      Batch device = allocate(micro_batch_);
+      batch.images = std::move(device.images);
+      batch.targets = std::move(device.targets);
+    }
     upload(batch, pending_->host.empty() ? nullptr : pending_->host.data());
     pending_.reset();
   } else {
@@ -191,13 +197,19 @@ void BatchSource::start_prefetch(int64_t step, int micro) {
   std::vector<int64_t> samples;
   std::vector<SampleView> views;
   training_samples(step, micro, samples, views, p->first);
-  p->batch = allocate(micro_batch_);
-  p->batch.samples = std::move(samples);
-  float* images = p->batch.images.data();
-  if (backend_->kind() != Backend::CPU) {  // device memory: read into the host, upload when taken
-    p->host.resize(p->batch.images.size());
+  // On the CPU the reader fills the batch's tensors in place; a device's are allocated when
+  // the batch is taken (the step schedule counts one micro-batch's tiles on the device), and
+  // until then the batch waits in host memory.
+  float* images = nullptr;
+  if (backend_->kind() == Backend::CPU) {
+    p->batch = allocate(micro_batch_);
+    images = p->batch.images.data();
+  } else {
+    const Rect tile = plan_.owned_image(rank_);
+    p->host.resize(size_t(micro_batch_) * plan_.model.input.c * tile.area());
     images = p->host.data();
   }
+  p->batch.samples = std::move(samples);
   Pending* raw = p.get();
   p->done = std::async(std::launch::async, [this, raw, images, views] { fill(raw->batch, images, views); });
   pending_ = std::move(p);

@@ -204,7 +204,7 @@ void run_workers(const Config& config, const ShardPlan& plan, const WorkerBody& 
   run_local(config, plan, body);
 }
 
-TrainSummary run_training(const Config& config) {
+TrainSummary run_training(const Config& config, const TrainOptions& options) {
   const ModelSpec model = build_model_spec(config);
   const Plan plan = launch_plan(config, model);
   ensure_data(config);
@@ -212,7 +212,7 @@ TrainSummary run_training(const Config& config) {
   const bool mpi = mpi_world_size() > 1;
   run_workers(config, plan.shards, [&](int rank, Comm& world, const BackendOptions& backend,
                                 const DeviceWorldFactory& device_world) {
-    Trainer trainer(config, plan, rank, world, backend, device_world);
+    Trainer trainer(config, plan, rank, world, backend, device_world, options);
     TrainSummary s = trainer.run();
     if (mpi || rank == 0) summary = std::move(s);
   });

@@ -71,12 +71,15 @@ class MultiplyLayer : public PixelLayer {
       }
       return dx;
     }
-    if (need_dx[m]) {
-      dx[m] = like(a, a.c(), "input gradient");
-      ctx_.backend.multiply_planes(a.n(), a.c(), plane(a), dy.data(), b.data(), PlaneFactor::PerPlane,
-                                   dx[m].data());
-    }
-    if (need_dx[v]) {
+    // In input order, as the step schedule allocates them.
+    for (size_t k = 0; k < 2; ++k) {
+      if (!need_dx[k]) continue;
+      if (k == m) {
+        dx[m] = like(a, a.c(), "input gradient");
+        ctx_.backend.multiply_planes(a.n(), a.c(), plane(a), dy.data(), b.data(), PlaneFactor::PerPlane,
+                                     dx[m].data());
+        continue;
+      }
       std::vector<double> sums(size_t(a.n()) * a.c());
       ctx_.backend.plane_dot(a.n(), a.c(), plane(a), dy.data(), a.data(), sums.data());
       const std::vector<float> values(sums.begin(), sums.end());

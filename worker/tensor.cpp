@@ -83,12 +83,14 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
     throw DeviceMemoryError(fmt::format("{}: the system refused {} for {}", device_, mib(bytes), what));
   in_use_ += bytes;
   if (in_use_ > peak_) peak_ = in_use_;
+  if (observer_) observer_->allocation(int64_t(bytes));
   return p;
 }
 
 void Allocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   in_use_ -= bytes;
+  if (observer_) observer_->allocation(-int64_t(bytes));
   if (cache_mode_ != BlockCache::Reuse) {
     raw_deallocate(ptr);
     return;

@@ -38,6 +38,13 @@ class DeviceMemoryError : public std::runtime_error {
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
 
+// Sees every allocation (> 0 bytes) and free (< 0) an Allocator makes, in order.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void allocation(int64_t bytes) = 0;
+};
+
 class Allocator {
  public:
   explicit Allocator(std::string device, uint64_t budget_bytes = 0, BlockCache cache = BlockCache::Off);
@@ -60,6 +67,7 @@ class Allocator {
   void set_budget(uint64_t bytes) { budget_ = bytes; }
   void reset_peak() { peak_ = in_use_; }
   const std::string& device() const { return device_; }
+  void set_observer(AllocationObserver* observer) { observer_ = observer; }  // null: none
 
  protected:
   virtual void* raw_allocate(size_t bytes);
@@ -71,6 +79,7 @@ class Allocator {
   void trim_cache(uint64_t keep_at_most);  // releases wholly free segments
 
   std::string device_;
+  AllocationObserver* observer_ = nullptr;
   uint64_t budget_ = 0;  // 0: unlimited
   uint64_t in_use_ = 0, peak_ = 0;
   BlockCache cache_mode_;

@@ -50,7 +50,7 @@ struct Trainer::HostSnapshot {
 };
 
 Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
-                 const BackendOptions& backend_options, DeviceWorldFactory device_world)
+                 const BackendOptions& backend_options, DeviceWorldFactory device_world, const TrainOptions& options)
     : config_(config),
       job_(plan),
       plan_(plan.shards),
@@ -96,6 +96,9 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
     checkpoints_->check_start(start_step_, resume);
   }
   reporter_ = std::make_unique<Reporter>();
+  if (options.trace_memory) {
+    trace_ = std::make_unique<MemoryTrace>(start_step_ + 1);
+  }
 }
 
 void Trainer::build_device_state(const HostSnapshot* restore) {
@@ -215,154 +218,6 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   double total = (plan_.layers.back().sharded || plan_.shard_of(rank_) == 0) ? local : 0.0;
   world_->allreduce_sum_host(&total, 1);
   return total / elements;
-}
-
-// The activations of one step: acts[t] is tensor t of the model (acts[0] the image tile,
-// acts[l + 1] layer l's output). After its last reader's forward each waits on the
-// device, in the backend's host pool, or nowhere, as the policy of the layer that made it
-// says, until that layer's backward. An offloaded activation's copy to the host runs
-// beside the next layer's forward (its device memory goes after it), and it comes back
-// beside the backward of the layer before the one that reads it last. A dropped one is
-// computed again from its layer's inputs, restored the same way. The orchestrator's
-// StepReplay replays exactly these allocations to predict the peak.
-struct Trainer::StepActivations {
-  std::vector<Tensor> device, host;
-  int leaving = -1;  // the activation whose device copy is on its way to the host
-  explicit StepActivations(int layers) : device(layers + 1), host(layers + 1) {}
-};
-
-void Trainer::finish_offload(StepActivations& a) {
-  if (a.leaving < 0) return;
-  backend_->wait_transfers();
-  a.device[a.leaving].release();
-  a.leaving = -1;
-}
-
-void Trainer::stash(StepActivations& a, int i) {
-  finish_offload(a);
-  const ActivationPolicy p = policies_[i - 1];
-  if (p == ActivationPolicy::Keep) return;
-  Tensor& t = a.device[i];
-  if (p == ActivationPolicy::Offload) {
-    a.host[i] = Tensor(backend_->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
-    backend_->to_host_async(a.host[i].data(), t.data(), t.bytes());
-    a.leaving = i;
-    return;
-  }
-  t.release();
-}
-
-void Trainer::prefetch(StepActivations& a, int i) {
-  const Tensor& h = a.host[i];
-  a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
-                       "activation fetched back for layer " + plan_.model.layers[i - 1].config.name);
-  backend_->to_device_async(a.device[i].data(), h.data(), h.bytes());
-}
-
-void Trainer::restore(StepActivations& a, int i) {
-  if (!a.host[i].empty()) {
-    if (a.device[i].empty()) prefetch(a, i);  // not fetched ahead: fetch now
-    backend_->transfers_done_for_compute();
-    a.host[i].release();  // later copies into this block queue behind this one
-    return;
-  }
-  if (!a.device[i].empty()) return;
-  // Dropped: run its layer's forward again, from its inputs restored first.
-  const int layer = i - 1;
-  for (int t : plan_.model.layers[layer].inputs) restore(a, t);
-  a.device[i] = layers_[layer]->forward(inputs_of(plan_.model, layer, a.device), ForwardMode::Recompute);
-}
-
-double Trainer::train_step(int64_t step) {
-  const int k = config_.training.accumulate;
-  double loss = 0;
-  const size_t n = params_->trainable_count();
-  float* grads = params_->grads().data();
-  frozen_ = frozen_layers(config_, plan_.model, step);
-  // The backward goes as far as a weight that trains this step (the memory model plans for
-  // when every freeze pattern is released: LayerSpec::output_gradient).
-  gradient_ = gradient_flow(plan_.model, frozen_);
-  for (int micro = 0; micro < k; ++micro) {
-    loss += train_micro_batch(step, micro);
-    // Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_,
-    // and the last adds it in, in micro-batch order.
-    if (k == 1) break;
-    if (micro == 0) backend_->copy(grad_sum_.data(), grads, n);
-    else if (micro + 1 < k) backend_->add(grad_sum_.data(), grads, n);
-    else backend_->add(grads, grad_sum_.data(), n);
-  }
-  // One all-reduce of every weight gradient, summed in rank order.
-  world_->allreduce_sum(grads, n);
-  optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *params_, optimizer_, *backend_);
-  return loss;
-}
-
-double Trainer::train_micro_batch(int64_t step, int micro) {
-  // The next micro-batch is read while this one computes (even after the last step: the
-  // memory model counts its tensors on every step).
-  const bool last_micro = micro + 1 == config_.training.accumulate;
-  Batch batch = data_->load(step, micro, last_micro ? step + 1 : step, last_micro ? 0 : micro + 1);
-  position_ = {config_.seed, step, batch.batch_position};
-  const ModelSpec& m = plan_.model;
-  const int L = int(layers_.size());
-  StepActivations acts(L);
-  acts.device[0] = std::move(batch.images);
-  for (int l = 0; l < L; ++l) {
-    acts.device[l + 1] = layers_[l]->forward(inputs_of(m, l, acts.device));
-    const std::vector<int>& inputs = m.layers[l].inputs;
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      const int t = inputs[k];
-      const bool first_mention = std::find(inputs.begin(), inputs.begin() + k, t) == inputs.begin() + k;
-      if (t > 0 && first_mention && m.last_reader(t) == l) stash(acts, t);  // read for the last time
-    }
-    note_progress();
-  }
-  finish_offload(acts);
-  // grads[t]: the gradient of tensor t, summed over its readers as their backwards run.
-  std::vector<Tensor> grads(size_t(L) + 1);
-  const Tensor& y = acts.device[L];
-  grads[L] = Tensor(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
-  const double loss = loss_and_grad(y, batch, grads[L]);
-  if (!std::isfinite(loss)) {
-    for (auto& layer : layers_) layer->release_saved();
-    throw TrainingDiverged(fmt::format(
-        "step {}: the loss is {}; stopping without writing a checkpoint (samples {}; lower "
-        "training.optimizer.lr or check data.scale)",
-        step + 1, std::isnan(loss) ? "NaN" : (loss > 0 ? "+inf" : "-inf"), fmt::join(batch.samples, ", ")));
-  }
-  for (int l = L - 1; l >= 0; --l) {
-    const std::vector<int>& inputs = m.layers[l].inputs;
-    if (!gradient_[size_t(l) + 1]) {
-      // Nothing before it trains (a frozen stem): no backward, and its inputs stay where they are.
-      layers_[l]->release_saved();
-      acts.device[l + 1].release();
-      continue;
-    }
-    for (int t : inputs) restore(acts, t);
-    // The next backward's inputs come back beside this one.
-    if (l > 0 && gradient_[size_t(l)])
-      for (int t : m.layers[l - 1].inputs)
-        if (!acts.host[t].empty() && acts.device[t].empty()) prefetch(acts, t);
-    std::vector<bool> need_dx;
-    for (int t : inputs) need_dx.push_back(gradient_[size_t(t)]);
-    std::vector<Tensor> dx = layers_[l]->backward(inputs_of(m, l, acts.device), acts.device[l + 1], grads[l + 1],
-                                                  need_dx);
-    layers_[l]->release_saved();
-    acts.device[l + 1].release();
-    grads[l + 1].release();
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      Tensor& sum = grads[inputs[k]];
-      if (!need_dx[k]) continue;
-      if (sum.empty()) {
-        sum = std::move(dx[k]);
-      } else {
-        backend_->add(sum.data(), dx[k].data(), sum.size());
-        dx[k].release();
-      }
-    }
-    note_progress();
-  }
-  return loss;
 }
 
 double Trainer::learning_rate(int64_t step) const {

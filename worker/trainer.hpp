@@ -19,6 +19,7 @@
 #include "worker/evaluation.hpp"
 #include "worker/launcher.hpp"
 #include "worker/layers.hpp"
+#include "worker/memory_trace.hpp"
 #include "worker/monitors.hpp"
 
 namespace ht {
@@ -39,11 +40,20 @@ struct TrainSummary {
   std::string stopped_early;  // why training.early_stopping ended the run; "" when it did not
 };
 
+// What `halotrain train` takes beside the config.
+struct TrainOptions {
+  // Records every allocation and free of the run's second step, under the step schedule's
+  // operation that made it, in run_dir/memory-trace-RANK.json (`plan --schedule --json`
+  // gives what the plan expects, in the same terms).
+  bool trace_memory = false;
+};
+
 class Trainer {
  public:
   // `plan` outlives the trainer.
   Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
-          const BackendOptions& backend_options, DeviceWorldFactory device_world = {});
+          const BackendOptions& backend_options, DeviceWorldFactory device_world = {},
+          const TrainOptions& options = {});
   ~Trainer();
 
   TrainSummary run();
@@ -60,15 +70,19 @@ class Trainer {
   // After a validation: the monitors decide; best.h5 is written here. True: stop now.
   bool after_validation(const MetricValues& val, int64_t steps_done);
   void stop_if_requested(int64_t steps_done, bool checkpoint_written, TrainSummary& summary);
+  // One step: the operations of schedule_ (worker/train_step.cpp).
   double train_step(int64_t step);
-  double train_micro_batch(int64_t step, int micro);  // forward and backward; returns its share of the loss
+  struct MicroBatch;
+  void run_op(const StepOp& op, MicroBatch* batch, int64_t step, int micro);
+  void finish_offload(MicroBatch& a, int index);  // the copy to the host is done: free its source
+  void stash(MicroBatch& a, int index);           // after the last forward read of acts[index]
+  void prefetch(MicroBatch& a, int index);        // starts bringing acts[index] back
+  void restore(MicroBatch& a, int index);         // acts[index], fetched back, ready for compute
+  void backward(MicroBatch& a, int layer);
+  void loss_gradient(MicroBatch& a, int64_t step);
+  void sum_gradients(int micro);
   MetricValues validate();  // collective: loss and metrics over data.validation, inference mode
   double learning_rate(int64_t step) const;
-  struct StepActivations;
-  void stash(StepActivations& acts, int index);     // after the last forward read of acts[index]
-  void finish_offload(StepActivations& acts);        // the copy under way is done: free its source
-  void prefetch(StepActivations& acts, int index);   // starts bringing acts[index] back
-  void restore(StepActivations& acts, int index);    // acts[index] on the device, ready for compute
   double loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy);
   std::vector<double> peaks_of_ranks(uint64_t local);  // collective: one value per rank
   uint64_t max_peak_over_ranks();
@@ -101,6 +115,9 @@ class Trainer {
   Monitors monitors_;         // checkpoint.best, training.early_stopping, the plateau schedule
   std::vector<char> frozen_;  // per layer, this step (SPEC section 14); the layers read it
   std::vector<char> gradient_;  // per tensor, this step: whether the backward makes its gradient
+  bool released_ = false;       // training.unfreeze_at has passed
+  StepSchedule schedule_;       // this rank's step, for frozen_ and gradient_
+  std::unique_ptr<MemoryTrace> trace_;  // --trace-memory
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
   Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far
@@ -115,6 +132,6 @@ class Trainer {
 
 // Runs `halotrain train`: under MPI one rank per shard, otherwise every shard as a thread of
 // this process. Returns the summary of rank 0.
-TrainSummary run_training(const Config& config);
+TrainSummary run_training(const Config& config, const TrainOptions& options = {});
 
 }  // namespace ht

@@ -1,0 +1,428 @@
+#include "orchestrator/step_schedule.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "kernels/device_memory.hpp"
+#include "orchestrator/layer_kind.hpp"
+
+namespace ht {
+
+namespace {
+
+constexpr uint64_t kFloat = sizeof(float);
+const HaloPhase kPhases[2] = {HaloPhase::Rows, HaloPhase::Cols};
+
+}  // namespace
+
+uint64_t tile_bytes(const Rect& rect, int channels, int batch) {
+  return uint64_t(rect.area()) * uint64_t(channels) * uint64_t(batch) * kFloat;
+}
+
+bool backward_reads_window(const LayerSpec& layer) {
+  const WindowUse use = layer.kind().traits.backward_window;
+  return layer.windowed() &&
+         (use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && makes_input_gradient(layer)));
+}
+
+ReplicatedState replicated_state(const Config& config, const ModelSpec& model) {
+  const OptimizerConfig& o = config.training.optimizer;
+  ReplicatedState s;
+  // Optimizer state per trainable weight: adam's two moments, sgd's velocity when it has momentum.
+  s.optimizer_slots = o.type == OptimizerType::Adam ? 2 : (o.momentum > 0 ? 1 : 0);
+  const uint64_t all = uint64_t(model.param_count(false)), trainable = uint64_t(model.param_count(true));
+  s.params = all * kFloat;
+  // With micro-batches the trainer keeps their sum beside the gradients of the current one.
+  s.grads = trainable * kFloat * (config.training.accumulate > 1 ? 2 : 1);
+  s.optimizer = s.optimizer_slots * trainable * kFloat;
+  return s;
+}
+
+RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank) {
+  const ModelSpec& m = plan.model;
+  const int b = local_batch(config, plan), L = int(m.layers.size());
+  RankSizes r;
+  r.input = tile_bytes(plan.owned_image(rank), m.input.c, b);
+  r.conv_scratch = conv_scratch_bytes(config, plan, rank, ConvUse::Training);
+  r.targets = m.spatial_output() ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
+                                    : uint64_t(b) * m.output().c * kFloat;
+  r.staged = config.parallel.backend == Backend::CPU;
+  const int iy = plan.grid_row_of(rank), ix = plan.grid_col_of(rank);
+  for (int l = 0; l < L; ++l) {
+    const LayerSpec& spec = m.layers[l];
+    LayerSizes z;
+    z.out = tile_bytes(plan.owned_output(l, rank), spec.out.c, b);
+    const Rect owned = plan.owned_input(l, rank);
+    z.owned_in = tile_bytes(owned, spec.in.c, b);
+    if (spec.inner_channels > 0) z.inner = tile_bytes(plan.owned_output(l, rank), spec.inner_channels, b);
+    for (size_t k = 0; k < spec.ins.size(); ++k) {
+      const int t = spec.inputs[k];
+      z.owned_ins.push_back(tile_bytes(plan.owned_tensor(t, rank), spec.ins[k].c, b));
+      const Rect whole{{0, spec.ins[k].h}, {0, spec.ins[k].w}};
+      z.gathered.push_back(plan.layers[l].gathers && !plan.replicated[t] ? tile_bytes(whole, spec.ins[k].c, b) : 0);
+    }
+    if (spec.windowed()) {
+      const Rect need = plan.needed_input(l, rank);
+      z.ext = tile_bytes(need, spec.in.c, b);
+      z.in_place = need == owned;
+      for (HaloPhase ph : kPhases) {
+        for (const HaloRegion& h : plan.sends(l, rank, ph)) z.sends[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
+        for (const HaloRegion& h : plan.receives(l, rank, ph)) z.receives[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
+      }
+      const LayerPlan& lp = plan.layers[l];
+      const int extra_h = std::abs(lp.rows.pad_lo[iy] - lp.rows.pad_hi[iy]);
+      const int extra_w = std::abs(lp.cols.pad_lo[ix] - lp.cols.pad_hi[ix]);
+      if (spec.kind().traits.conv_workspace && (extra_h || extra_w))
+        z.padded = round_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
+                                             uint64_t(need.cols.size() + extra_w) * kFloat);
+    }
+    r.layers.push_back(z);
+  }
+  return r;
+}
+
+bool keeps_extended_input(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy) {
+  return layer.windowed() && !sizes.in_place && policy == ActivationPolicy::Keep &&
+         layer.kind().traits.backward_window != WindowUse::None;
+}
+
+namespace {
+
+using K = MemoryKind;
+using A = StepAction;
+
+// Walks one step of one rank into a StepSink: the order of the worker's operations, and
+// within each the allocations its layers and halo exchanges make.
+class StepWalk {
+ public:
+  StepWalk(const Config& config, const ModelSpec& m, const RankSizes& sizes, const LayerPolicies& policies,
+           const std::vector<char>& gradient, StepSink& sink)
+      : config_(config), m_(m), z_(sizes), policy_(policies), gradient_(gradient), sink_(sink) {
+    if (gradient_.empty()) gradient_ = gradient_flow(m);
+  }
+
+  void run() {
+    const ReplicatedState s = replicated_state(config_, m_);
+    begin(A::Hold);
+    alloc(K::Params, s.params);
+    alloc(K::Grads, s.grads);
+    alloc(K::Optimizer, s.optimizer);
+    alloc(K::Workspace, z_.conv_scratch);  // reserved with the layers (ComputeBackend::reserve_conv_scratch)
+    if (z_.staged) load_tiles();           // read during the micro-batch before
+    begin(A::LoadBatch);
+    load_tiles();
+    micro_batch();
+    begin(A::AllReduce);
+    begin(A::Update);
+  }
+
+ private:
+  // Where tensor t (the input of layer t - 1's readers; t = 0 the image tile) lives.
+  enum class Where { Device, Host, Prefetched, Dropped, Freed };
+
+  void begin(StepAction action, int index = -1) { sink_.begin(action, index); }
+  void alloc(K k, uint64_t bytes) {
+    if (bytes) sink_.event({k, int64_t(bytes)});
+  }
+  void release(K k, uint64_t bytes) {
+    if (bytes) sink_.event({k, -int64_t(bytes)});
+  }
+  void load_tiles() {
+    alloc(K::Input, z_.input);
+    alloc(K::Input, z_.targets);
+  }
+
+  int layers() const { return int(m_.layers.size()); }
+  const LayerTraits& traits(int l) const { return m_.layers[l].kind().traits; }
+  bool windowed(int l) const { return m_.layers[l].windowed(); }
+  const LayerSizes& at(int l) const { return z_.layers[l]; }
+  const std::vector<int>& inputs(int l) const { return m_.layers[l].inputs; }
+  // Whether layer l makes the gradient of its k-th input this step.
+  bool makes_dx(int l, size_t k) const { return inputs(l)[k] > 0 && gradient_[size_t(inputs(l)[k])]; }
+  bool makes_any_dx(int l) const {
+    for (size_t k = 0; k < inputs(l).size(); ++k)
+      if (makes_dx(l, k)) return true;
+    return false;
+  }
+  // Whether layer l keeps its extended input from forward to backward (worker/window_layers.cpp).
+  bool keeps_ext(int l) const { return keeps_extended_input(m_.layers[l], at(l), policy_[l]); }
+  bool regathers(int l) const {
+    const WindowUse use = traits(l).backward_window;
+    const bool reads = use == WindowUse::WeightGradient || (use == WindowUse::InputGradient && makes_any_dx(l));
+    return windowed(l) && policy_[l] != ActivationPolicy::Keep && reads;
+  }
+  // Whether inputs(l)[k] appears there for the first time (a join may read one twice).
+  bool first_mention(int l, size_t k) const {
+    const std::vector<int>& in = inputs(l);
+    return std::find(in.begin(), in.begin() + k, in[k]) == in.begin() + k;
+  }
+  uint64_t act_bytes(int t) const { return t == 0 ? z_.input : at(t - 1).out; }
+
+  // One phase of an exchange (HaloExchange::start_phase, finish_phase): the buffer packed
+  // for the peers and the one received into, both freed at its end. A backward exchange
+  // packs the gradients of what the forward received.
+  void phase_start(int l, HaloPhase ph, bool backward) {
+    alloc(K::Halo, backward ? at(l).receives[int(ph)] : at(l).sends[int(ph)]);
+    alloc(K::Halo, backward ? at(l).sends[int(ph)] : at(l).receives[int(ph)]);
+  }
+  void phase_finish(int l, HaloPhase ph, bool backward) {
+    release(K::Halo, backward ? at(l).sends[int(ph)] : at(l).receives[int(ph)]);
+    release(K::Halo, backward ? at(l).receives[int(ph)] : at(l).sends[int(ph)]);
+  }
+  void phase(int l, HaloPhase ph, bool backward) {
+    phase_start(l, ph, backward);
+    phase_finish(l, ph, backward);
+  }
+  // HaloExchange::gather / gather_in_place; returns the bytes of the extended copy.
+  uint64_t gather(int l, K k) {
+    const uint64_t ext = at(l).in_place ? 0 : at(l).ext;
+    alloc(k, ext);
+    phase(l, HaloPhase::Rows, false);
+    phase(l, HaloPhase::Cols, false);
+    return ext;
+  }
+
+  // The CUDA backend's conv scratch (worker/cuda/cudnn_conv.cpp), shared by all convs:
+  // the cuDNN workspace (counted at its limit from the first conv on), and the zeroed
+  // copy of the input that turns asymmetric padding into cuDNN's symmetric one, which
+  // grows to the largest such input.
+  void cudnn_scratch(int l) {
+    if (!cuda_workspace_) alloc(K::Workspace, kConvWorkspaceLimit);
+    cuda_workspace_ = true;
+    if (at(l).padded <= padded_) return;
+    release(K::Workspace, padded_);
+    padded_ = at(l).padded;
+    alloc(K::Workspace, padded_);
+  }
+
+  void forward(int l) {
+    for (uint64_t whole : at(l).gathered) alloc(K::Activations, whole);  // Layer::gather_inputs, kept for backward
+    const bool w = windowed(l);
+    uint64_t ext = 0;
+    if (w) ext = gather(l, K::Activations);
+    alloc(K::Transient, at(l).inner);  // a separable conv's inner tensor, for its forward only
+    alloc(K::Activations, act_bytes(l + 1));
+    if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
+    release(K::Transient, at(l).inner);
+    if (w && !keeps_ext(l)) release(K::Activations, ext);
+    where_[l + 1] = Where::Device;
+  }
+
+  // Trainer::prefetch: device memory for an offloaded activation, copied back beside compute.
+  void prefetch(int t) {
+    begin(A::Prefetch, t);
+    alloc(K::Activations, act_bytes(t));
+    where_[t] = Where::Prefetched;
+  }
+  // Tensor t is on the device (fetched, or recomputed from its layer's inputs).
+  void restore(int t) {
+    if (where_[t] == Where::Host) prefetch(t);
+    if (where_[t] == Where::Prefetched) {
+      begin(A::Restore, t);
+      release(K::Host, act_bytes(t));
+      where_[t] = Where::Device;
+    } else if (where_[t] == Where::Dropped) {
+      for (int u : inputs(t - 1)) restore(u);
+      begin(A::Recompute, t - 1);
+      forward(t - 1);
+    }
+  }
+
+  // After layer l's forward: each tensor it read for the last time waits as the policy of
+  // the layer that made it says.
+  void stash(int t) {
+    finish_offload();
+    const ActivationPolicy p = policy_[t - 1];
+    if (p == ActivationPolicy::Keep) return;
+    begin(A::Stash, t);
+    if (p == ActivationPolicy::Offload) {
+      alloc(K::Host, act_bytes(t));
+      where_[t] = Where::Host;
+      leaving_ = t;
+    } else {
+      release(K::Activations, act_bytes(t));
+      where_[t] = Where::Dropped;
+    }
+  }
+  // The offloaded copy under way is done: its device memory goes.
+  void finish_offload() {
+    if (leaving_ < 0) return;
+    begin(A::FinishOffload, leaving_);
+    release(K::Activations, act_bytes(leaving_));
+    leaving_ = -1;
+  }
+
+  // No gradient reaches layer l: what its forward kept goes, its inputs are not brought back.
+  void skip_backward(int l) {
+    begin(A::SkipBackward, l);
+    for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
+    if (keeps_ext(l)) release(K::Activations, at(l).ext);
+    if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));
+    if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
+  }
+
+  // A windowed layer's backward (worker/window_layers.cpp).
+  void windowed_backward(int l) {
+    const bool need_dx = makes_any_dx(l);
+    // A window used for the weight gradient only is freed before the input gradient is made.
+    const bool frees_window_first = traits(l).backward_window == WindowUse::WeightGradient;
+    uint64_t ext = keeps_ext(l) ? at(l).ext : 0;
+    K ext_kind = K::Activations;
+    if (regathers(l)) {
+      ext = gather(l, K::Transient);
+      ext_kind = K::Transient;
+    }
+    // A separable conv makes its inner tensor again, then its gradient; the inner goes.
+    const uint64_t inner = at(l).inner;
+    alloc(K::Transient, inner);
+    alloc(K::Transient, inner);
+    release(K::Transient, inner);
+    if (frees_window_first) release(ext_kind, ext);
+    if (!need_dx) {
+      if (!frees_window_first) release(ext_kind, ext);
+      release(K::Transient, inner);
+      return;
+    }
+    alloc(K::Transient, at(l).ext);  // gradient of the extended input
+    release(K::Transient, inner);    // the inner gradient, read by the input gradient
+    if (!frees_window_first) release(ext_kind, ext);
+    phase(l, HaloPhase::Cols, true);
+    if (at(l).in_place) {
+      phase(l, HaloPhase::Rows, true);
+      return;
+    }
+    // HaloExchange::scatter_add: the owned gradient is made while the rows' are in flight.
+    phase_start(l, HaloPhase::Rows, true);
+    alloc(K::Transient, at(l).owned_in);
+    phase_finish(l, HaloPhase::Rows, true);
+    release(K::Transient, at(l).ext);
+  }
+
+  void backward(int l) {
+    begin(A::Backward, l);
+    const uint64_t dy = act_bytes(l + 1);
+    if (windowed(l)) {
+      windowed_backward(l);
+    } else {
+      for (size_t k = 0; k < inputs(l).size(); ++k)
+        if (makes_dx(l, k)) alloc(K::Transient, at(l).gathered[k] ? at(l).gathered[k] : at(l).owned_ins[k]);
+    }
+    // Layer::crop_to_owned: the gradient of a gathered input becomes this rank's part; then
+    // the gathered inputs go.
+    for (size_t k = 0; k < inputs(l).size(); ++k) {
+      if (!at(l).gathered[k] || !makes_dx(l, k)) continue;
+      alloc(K::Transient, at(l).owned_ins[k]);
+      release(K::Transient, windowed(l) ? at(l).ext : at(l).gathered[k]);
+    }
+    for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
+    release(K::Activations, act_bytes(l + 1));  // the output
+    where_[l + 1] = Where::Freed;
+    release(K::Transient, dy);  // the output gradient gives way to dx
+    // A tensor read by several layers sums their gradients: the later ones add in and go.
+    for (size_t k = 0; k < inputs(l).size(); ++k) {
+      const int t = inputs(l)[k];
+      if (!makes_dx(l, k)) continue;
+      if (has_grad_[t]) release(K::Transient, at(l).owned_ins[k]);
+      has_grad_[t] = true;
+    }
+  }
+
+  void micro_batch() {
+    const int L = layers();
+    where_.assign(L + 1, Where::Freed);
+    has_grad_.assign(L + 1, false);
+    where_[0] = Where::Device;
+    for (int l = 0; l < L; ++l) {
+      begin(A::Forward, l);
+      forward(l);
+      for (size_t k = 0; k < inputs(l).size(); ++k) {
+        const int t = inputs(l)[k];
+        if (t > 0 && first_mention(l, k) && m_.last_reader(t) == l) stash(t);
+      }
+    }
+    finish_offload();
+    begin(A::LossGradient);
+    alloc(K::Transient, act_bytes(L));
+    has_grad_[L] = true;
+    for (int l = L - 1; l >= 0; --l) {
+      if (!gradient_[size_t(l) + 1]) {
+        skip_backward(l);
+        continue;
+      }
+      for (int t : inputs(l)) restore(t);
+      if (l > 0 && gradient_[size_t(l)])  // the next backward's inputs come back beside this one
+        for (int t : inputs(l - 1))
+          if (where_[t] == Where::Host) prefetch(t);
+      backward(l);
+    }
+    // Activations offloaded for a backward that did not run wait in the host pool until here.
+    begin(A::EndMicroBatch);
+    for (int t = 1; t <= L; ++t)
+      if (where_[t] == Where::Host) release(K::Host, act_bytes(t));
+    load_tiles_release();
+    if (config_.training.accumulate > 1) begin(A::SumGradients);
+  }
+  void load_tiles_release() {
+    release(K::Input, z_.input);
+    release(K::Input, z_.targets);
+  }
+
+  const Config& config_;
+  const ModelSpec& m_;
+  const RankSizes& z_;
+  const LayerPolicies& policy_;
+  std::vector<char> gradient_;
+  StepSink& sink_;
+  std::vector<Where> where_;
+  std::vector<bool> has_grad_;  // per tensor: a gradient of it is on the device
+  int leaving_ = -1;            // offloaded, its device copy freed after the next layer's forward
+  bool cuda_workspace_ = false;
+  uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
+};
+
+// Stores the operations.
+class Recorder : public StepSink {
+ public:
+  explicit Recorder(StepSchedule& s) : s_(s) {}
+  void begin(StepAction action, int index) override {
+    if (action == A::LoadBatch) s_.micro_begin = s_.ops.size();
+    if (action == A::AllReduce) s_.micro_end = s_.ops.size();
+    s_.ops.push_back({action, index, {}});
+  }
+  void event(MemoryEvent e) override { s_.ops.back().events.push_back(e); }
+
+ private:
+  StepSchedule& s_;
+};
+
+}  // namespace
+
+const char* memory_kind_name(MemoryKind kind) {
+  static const char* const names[kMemoryKinds] = {"params",    "grads",     "optimizer", "input", "activations",
+                                                  "transient", "workspace", "halo",      "host"};
+  return names[int(kind)];
+}
+
+const char* step_action_name(StepAction action) {
+  static const char* const names[] = {"hold",        "load_batch", "forward",        "stash",         "finish_offload",
+                                      "loss_gradient", "prefetch", "restore",        "recompute",     "backward",
+                                      "skip_backward", "end_micro_batch", "sum_gradients", "all_reduce", "update"};
+  return names[int(action)];
+}
+
+void walk_training_step(const Config& config, const ModelSpec& model, const RankSizes& sizes,
+                        const LayerPolicies& policies, const std::vector<char>& gradient, StepSink& sink) {
+  StepWalk(config, model, sizes, policies, gradient, sink).run();
+}
+
+StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies,
+                               const std::vector<char>& gradient) {
+  StepSchedule s;
+  s.rank = rank;
+  s.micro_batches = config.training.accumulate;
+  Recorder recorder(s);
+  walk_training_step(config, plan.model, rank_sizes(config, plan, rank), policies, gradient, recorder);
+  return s;
+}
+
+}  // namespace ht

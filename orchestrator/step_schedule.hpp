@@ -1,0 +1,162 @@
+// The step schedule: one training step of one rank as the ordered operations the worker
+// runs (gather a halo and run a layer's forward, stash, offload, prefetch, recompute, a
+// layer's backward, free, sum, all-reduce, update), each with the device and host-pool
+// bytes it allocates and frees. worker/trainer.cpp executes the operations in this order;
+// the memory model (memory_model.hpp) is the sum over them; `halotrain plan --schedule`
+// prints them (plan_report.hpp); `halotrain train --trace-memory` records a real step's allocations under
+// the same operations, and the tests compare the two operation for operation. There is no
+// second description of the step's order.
+//
+// What happens inside one operation follows the layer kinds' LayerTraits, which the
+// worker's layers (worker/layers.cpp, worker/window_layers.cpp, worker/halo_exchange.cpp)
+// follow too. Everything is float32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orchestrator/config.hpp"
+#include "orchestrator/conv_geometry.hpp"
+#include "orchestrator/model_spec.hpp"
+#include "orchestrator/shard_plan.hpp"
+
+namespace ht {
+
+// Per layer: what happens to the activations saved for its backward (its output, and the
+// halo-extended input of a windowed layer) between forward and backward. Keep, Offload or
+// Recompute only (never Auto). The last layer and the layers after the global pool always
+// keep.
+using LayerPolicies = std::vector<ActivationPolicy>;
+
+// float32 bytes of `rect` for `channels` planes of `batch` images.
+uint64_t tile_bytes(const Rect& rect, int channels, int batch);
+
+// Whether the layer's backward reads its halo-extended input (convolution for its weight
+// gradient, max pooling for its input gradient, which a layer reading the image computes
+// not). A layer that does not keep it gathers it again, halo exchange included, on every
+// rank.
+bool backward_reads_window(const LayerSpec& layer);
+
+// The weights, their gradients and the optimizer state: every rank holds all of them.
+struct ReplicatedState {
+  uint64_t params = 0;     // every weight, BN moving statistics included
+  uint64_t grads = 0;      // one per trainable weight (two with micro-batches: their running sum)
+  uint64_t optimizer = 0;  // adam: 2 x trainable; sgd: 1 x trainable with momentum, else 0
+  uint64_t optimizer_slots = 0;
+  uint64_t total() const { return params + grads + optimizer; }
+};
+ReplicatedState replicated_state(const Config& config, const ModelSpec& model);
+
+// Every size one rank's step allocates, in bytes (halo regions and rectangles are not free
+// to compute, so the planner's policy search computes them once per plan).
+struct LayerSizes {
+  uint64_t out = 0;        // the owned output (the next layer's input)
+  uint64_t ext = 0;        // the needed input rectangle, halo included
+  uint64_t owned_in = 0;   // the owned input, as the kernel takes it (gathered: the whole)
+  std::vector<uint64_t> owned_ins;  // this rank's part of each input (joins: several)
+  std::vector<uint64_t> gathered;   // per input: the whole of it where the layer gathers it, else 0
+  uint64_t inner = 0;      // a tensor inside the layer (LayerSpec::inner_channels)
+  // Per phase (rows, cols): the regions this rank sends in a forward exchange and those it
+  // receives; a backward exchange sends the received ones' gradients back.
+  uint64_t sends[2] = {}, receives[2] = {};
+  uint64_t stage(int phase) const { return sends[phase] + receives[phase]; }
+  bool in_place = false;   // needed == owned: no extended copy
+  uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
+};
+struct RankSizes {
+  uint64_t input = 0, targets = 0;
+  uint64_t conv_scratch = 0;  // CPU backend: oneDNN's reorder buffers and scratchpad (conv_geometry.hpp)
+  // CPU backend: the next micro-batch's image and target tiles are read in the background
+  // during this one (worker/batch.hpp), so two micro-batches' tiles are on the device; on
+  // CUDA the next one waits in host memory.
+  bool staged = false;
+  std::vector<LayerSizes> layers;
+};
+RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank);
+
+// Whether a windowed layer keeps its halo-extended input from forward to backward (under
+// keep, when its backward reads it and it is not the input itself).
+bool keeps_extended_input(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);
+
+// What an operation's memory is, as the plan's breakdown names it.
+enum class MemoryKind : uint8_t {
+  Params,       // the weights
+  Grads,        // their gradients
+  Optimizer,    // the optimizer's state
+  Input,        // image and target tiles
+  Activations,  // saved for backward: layer outputs, extended inputs of windowed layers
+  Transient,    // gradients in flight, inputs gathered again for a backward
+  Workspace,    // conv scratch: cuDNN workspace and padded copies (CUDA), oneDNN's (CPU)
+  Halo,         // staging of an exchange (send and receive buffers)
+  Host,         // the host pool holding offloaded activations (not device memory)
+};
+constexpr int kMemoryKinds = 9;
+const char* memory_kind_name(MemoryKind kind);
+
+struct MemoryEvent {
+  MemoryKind kind;
+  int64_t bytes;  // > 0 allocated, < 0 freed; never 0
+};
+
+enum class StepAction : uint8_t {
+  Hold,           // what lives from step to step: the weights, their gradients, the optimizer
+                  // state, the conv scratch; on CPU also this micro-batch's tiles, read during
+                  // the one before
+  LoadBatch,      // the micro-batch's tiles (CUDA), or the next one's, read beside this one (CPU)
+  Forward,        // layer `index`'s forward: its gathered inputs and halo, its output
+  Stash,          // tensor `index` was read for the last time: offloaded to the host pool, or dropped
+  FinishOffload,  // tensor `index`'s copy to the host pool is done: its device memory goes
+  LossGradient,   // the loss, and the gradient of the last layer's output
+  Prefetch,       // tensor `index` starts coming back from the host pool
+  Restore,        // tensor `index` is back on the device for compute; its host copy goes
+  Recompute,      // layer `index`'s forward again, for its dropped output
+  Backward,       // layer `index`'s backward: weight gradients, input gradients summed into
+                  // each input's; its output and the output gradient go
+  SkipBackward,   // no gradient reaches layer `index` (nothing before it trains): what its
+                  // forward kept goes
+  EndMicroBatch,  // the micro-batch's tiles and its activations left in the host pool go
+  SumGradients,   // accumulate > 1: the micro-batch's weight gradients into their running sum
+  AllReduce,      // every weight gradient summed over ranks, in rank order
+  Update,         // the optimizer step
+};
+const char* step_action_name(StepAction action);
+
+struct StepOp {
+  StepAction action;
+  int index = -1;  // the layer (Forward, Recompute, Backward, SkipBackward), the tensor
+                   // (Stash, FinishOffload, Prefetch, Restore: t = 0 the image, t = l + 1
+                   // layer l's output), else -1
+  std::vector<MemoryEvent> events;
+};
+
+// ops[0] is Hold; ops[micro_begin, micro_end) are one micro-batch, run `micro_batches`
+// times (training.accumulate); the rest end the step.
+struct StepSchedule {
+  int rank = 0;
+  int micro_batches = 1;
+  size_t micro_begin = 1, micro_end = 1;
+  std::vector<StepOp> ops;
+};
+
+// Receives a step's operations as they are walked: the memory model tallies them without
+// storing them (the planner's policy search walks thousands of steps).
+class StepSink {
+ public:
+  virtual ~StepSink() = default;
+  virtual void begin(StepAction action, int index) = 0;
+  virtual void event(MemoryEvent e) = 0;
+};
+
+// Walks one training step of a rank with these sizes under `policies`. `gradient` says per
+// tensor whether the backward makes its gradient (model_spec.hpp gradient_flow: during a
+// `training.freeze` phase the backward stops earlier); empty: the plan's, every freeze
+// released (LayerSpec::output_gradient).
+void walk_training_step(const Config& config, const ModelSpec& model, const RankSizes& sizes,
+                        const LayerPolicies& policies, const std::vector<char>& gradient, StepSink& sink);
+
+// The schedule of `rank`, as the trainer runs it.
+StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies,
+                               const std::vector<char>& gradient = {});
+
+}  // namespace ht

@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""The worker executes the step schedule: what a real step allocates equals the plan's.
+
+For each case, `halotrain train --trace-memory` records every allocation and free of
+every rank's device allocator and host pool during the run's second step, under the
+step schedule's operation that made it; `halotrain plan --schedule --json --rank R`
+gives the schedule the plan sums for its memory figures. Per rank they must agree
+operation for operation: the same actions on the same layers in the same order (a
+micro-batch's operations once per micro-batch), the same allocations and frees in the
+same order with the same byte counts, and the bytes held when the step starts equal to
+what the schedule holds. Cases: the demo model (a chain with batch norm) on grids 2x1
+and 2x2 under keep, offload, recompute and a tight `auto`, with micro-batches, with a frozen stem, and under mpirun; the U-Net (concatenations, transposed convs) under
+keep and recompute; a residual graph on an uneven grid 3x2; EfficientNet-B0 (depthwise
+convs, squeeze-excite, a gathered tail) on 3x1.
+
+usage: schedule_trace_test.py HALOTRAIN WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+BIN, WORK = sys.argv[1], sys.argv[2]
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+MPIRUN = shutil.which("mpirun") or "mpirun"
+RESULTS = []
+
+
+def check(name, ok, detail=""):
+    RESULTS.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}", flush=True)
+    return ok
+
+
+def sets(pairs):
+    return [a for s in pairs for a in ("--set", s)]
+
+
+def expected_ops(schedule):
+    """The schedule's operations in the order a step runs them, each event as (pool, bytes)."""
+    ops = schedule["ops"]
+    first, end = schedule["micro_batch"]
+    order = ops[first:end] * schedule["micro_batches"] + ops[end:]
+    return [(o["action"], o["index"], [("host" if k == "host" else "device", b) for k, b in o["events"]])
+            for o in order]
+
+
+def held(schedule):
+    """Device and host bytes the schedule holds when a step starts (its hold operation)."""
+    device = sum(b for k, b in schedule["ops"][0]["events"] if k != "host")
+    host = sum(b for k, b in schedule["ops"][0]["events"] if k == "host")
+    return device, host
+
+
+def first_difference(want, got):
+    for i, (w, g) in enumerate(zip(want, got)):
+        if w != g:
+            return f"op {i}: schedule {w[0]} {w[1]} {w[2]}; traced {g[0]} {g[1]} {g[2]}"
+    return f"schedule has {len(want)} operations, the trace {len(got)}"
+
+
+def run_case(tag, config, overrides, ranks, mpi=False):
+    run_dir = os.path.join(WORK, tag)
+    args = sets([f"run_dir={run_dir}", "training.steps=2", "checkpoint.resume=never", "training.validate_every=0",
+                 "checkpoint.every_steps=0"] + overrides)
+    launch = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] if mpi else []
+    p = subprocess.run(launch + [BIN, "train", config, *args, "--trace-memory"], capture_output=True, text=True,
+                       timeout=600)
+    if not check(f"{tag}: train exits 0", p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]):
+        return
+    for rank in range(ranks):
+        q = subprocess.run([BIN, "plan", config, *args, "--schedule", "--json", "--rank", str(rank)],
+                           capture_output=True, text=True, timeout=120)
+        if not check(f"{tag} rank {rank}: plan --schedule", q.returncode == 0, q.stderr[-2000:]):
+            continue
+        schedule = json.loads(q.stdout)
+        with open(os.path.join(run_dir, f"memory-trace-{rank}.json")) as f:
+            trace = json.load(f)
+        want = expected_ops(schedule)
+        got = [(o["action"], o["index"], [tuple(e) for e in o["events"]]) for o in trace["ops"]]
+        check(f"{tag} rank {rank}: {len(got)} operations, {sum(len(o[2]) for o in got)} allocations and frees, "
+              f"as scheduled", want == got, first_difference(want, got))
+        check(f"{tag} rank {rank}: held at the step's start as scheduled",
+              held(schedule) == (trace["held"], trace["host_held"]),
+              f"schedule {held(schedule)}, trace {(trace['held'], trace['host_held'])}")
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    demo = os.path.join(ROOT, "configs", "demo.yaml")
+    small = [f"data.train={os.path.join(WORK, 'demo.h5')}", "data.validation=",
+             "data.synthesize={count: 8, height: 256, width: 192, channels: 1, classes: 2}",
+             "model.input=[256, 192, 1]", "training.batch_size=4"]
+    for policy in ("keep", "offload", "recompute"):
+        run_case(f"demo-2x1-{policy}", demo, small + [f"parallel.activations={policy}"], 2)
+    run_case("demo-2x2-offload-accumulate", demo,
+             small + ["parallel.grid=[2, 2]", "parallel.activations=offload", "training.accumulate=2"], 4)
+    run_case("demo-2x2-recompute", demo, small + ["parallel.grid=[2, 2]", "parallel.activations=recompute"], 4)
+    run_case("demo-2x1-offload-mpirun", demo, small + ["parallel.activations=offload"], 2, mpi=True)
+    # Frozen layers: no backward reaches them; an offloaded input waits in the host pool.
+    run_case("demo-2x1-frozen-offload", demo, small + ["parallel.activations=offload",
+                                                       "model.layers[0].trainable=false",
+                                                       "model.layers[1].trainable=false"], 2)
+    unet = os.path.join(ROOT, "configs", "unet-demo.yaml")
+    for policy in ("keep", "recompute"):
+        run_case(f"unet-2x1-{policy}", unet,
+                 [f"data.train={os.path.join(WORK, 'unet.h5')}", "data.validation=", "training.batch_size=2",
+                  f"parallel.activations={policy}", "parallel.grid=[2, 1]"], 2)
+    # Residual blocks on an uneven grid; EfficientNet's depthwise convs, squeeze-excite and
+    # its gathered tail. Both CUDA configs, on the CPU at a small size.
+    small = ["parallel.backend=cpu", "parallel.device_memory=4GiB", "model.input=[371,296,1]",
+             "data.synthesize.height=371", "data.synthesize.width=296", "recycle.every_steps=0"]
+    run_case("resnet-3x2-recompute", os.path.join(ROOT, "configs", "resnet-mammo.yaml"),
+             small + [f"data.train={os.path.join(WORK, 'resnet.h5')}", "data.validation=", "parallel.grid=[3, 2]",
+                      "parallel.activations=recompute"], 6)
+    run_case("efficientnet-3x1", os.path.join(ROOT, "configs", "efficientnet-mammo.yaml"),
+             small + [f"data.train={os.path.join(WORK, 'effnet.h5')}", "data.validation=", "parallel.grid=[3, 1]"], 3)
+    print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed")
+    return 0 if all(RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
