@@ -18,21 +18,21 @@
 #include <iostream>
 #include <memory>
 
+#include "importer/keras_import.hpp"
 #include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"
-#include "worker/convert_data.hpp"
-#include "worker/inference.hpp"
-#include "importer/keras_import.hpp"
-#include "worker/keras_h5.hpp"
-#include "worker/log.hpp"
-#include "worker/mpi_comm.hpp"
-#include "worker/prediction_output.hpp"
-#include "worker/run_report.hpp"
-#include "worker/signals.hpp"
-#include "worker/synthetic_data.hpp"
-#include "worker/tensor.hpp"
-#include "worker/trainer.hpp"
+#include "worker/comm/mpi_comm.hpp"
+#include "worker/io/convert_data.hpp"
+#include "worker/io/keras_h5.hpp"
+#include "worker/io/prediction_output.hpp"
+#include "worker/io/synthetic_data.hpp"
+#include "worker/run/inference.hpp"
+#include "worker/run/run_report.hpp"
+#include "worker/run/signals.hpp"
+#include "worker/run/trainer.hpp"
+#include "worker/runtime/log.hpp"
+#include "worker/runtime/tensor.hpp"
 
 namespace {
 

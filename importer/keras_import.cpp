@@ -13,8 +13,8 @@
 
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/model_spec.hpp"
-#include "worker/h5.hpp"
-#include "worker/keras_h5.hpp"
+#include "worker/io/h5.hpp"
+#include "worker/io/keras_h5.hpp"
 
 namespace ht {
 

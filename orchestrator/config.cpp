@@ -19,6 +19,7 @@
 #include <system_error>
 
 #include "kernels/loss_weights.hpp"
+#include "kernels/cpu/dnnl_isa.hpp"
 #include "orchestrator/config_model.hpp"
 #include "orchestrator/config_yaml.hpp"
 #include "orchestrator/files.hpp"
@@ -246,7 +247,8 @@ void read_training(const MapReader& root, TrainingConfig& t) {
 }
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
-  MapReader r(root["parallel"], {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads"});
+  MapReader r(root["parallel"],
+              {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads", "cpu_isa"});
   p.backend = r.get_choice("backend", Backend::CPU, {"cpu", "cuda"}, {Backend::CPU, Backend::CUDA});
   if (Item g = r["grid"]; g.present) {
     const char* what = "[rows, cols] (integers >= 1) or auto";
@@ -279,6 +281,12 @@ void read_parallel(const MapReader& root, ParallelConfig& p) {
     if (text != "auto" && (ec != std::errc() || end != text.data() + text.size() || threads < 1 || threads > 4096))
       t.expected("auto or the CPU threads of each rank, an integer in [1, 4096]");
     p.threads = text == "auto" ? 0 : threads;
+  }
+  if (Item isa = r["cpu_isa"]; isa.present) {
+    p.cpu_isa = isa.node.IsScalar() ? isa.node.Scalar() : "";
+    const std::vector<std::string>& names = cpu::dnnl_isa_names();
+    if (p.cpu_isa != "auto" && std::find(names.begin(), names.end(), p.cpu_isa) == names.end())
+      isa.expected(fmt::format("auto or one of oneDNN's CPU ISAs: {}", fmt::join(names, ", ")));
   }
   p.activations = r.get_choice(
       "activations", ActivationPolicy::Auto, {"auto", "keep", "offload", "recompute"},
@@ -471,7 +479,7 @@ bool Monitor::maximizes() const {
 double scheduled_lr(const LrSchedule& s, double lr, int64_t step, int64_t total_steps) {
   switch (s.type) {
     case ScheduleType::Constant:
-    case ScheduleType::Plateau: return lr;  // the plateau's lowering is the trainer's (worker/monitors.hpp)
+    case ScheduleType::Plateau: return lr;  // the plateau's lowering is the trainer's (worker/run/monitors.hpp)
     case ScheduleType::Cosine: {
       if (step < s.warmup_steps) return lr * double(step + 1) / double(s.warmup_steps);
       const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));

@@ -11,13 +11,10 @@
 #include <variant>
 #include <vector>
 
+#include "orchestrator/config_error.hpp"
+
 namespace ht {
 
-// A user error in the config: the message names the file, line, key path, expected and found.
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 enum class PaddingMode { Explicit, Same, Valid };
 enum class LossType { SoftmaxCrossEntropy, SigmoidBCE, MSE };
@@ -167,7 +164,7 @@ struct EarlyStopping {
 // The learning rate of step t (0-based) of T, from the optimizer's lr (SPEC section 8):
 // constant; cosine: linear warmup lr*(t+1)/W for t < W, then min_lr + (lr - min_lr) *
 // (1 + cos(pi*(t-W)/(T-W)))/2; step: lr * factor^floor(t/every); plateau: the
-// optimizer's lr until the trainer lowers it (worker/monitors.hpp).
+// optimizer's lr until the trainer lowers it (worker/run/monitors.hpp).
 struct LrSchedule {
   ScheduleType type = ScheduleType::Constant;
   int64_t warmup_steps = 0;  // cosine
@@ -218,6 +215,11 @@ struct ParallelConfig {
   // (orchestrator/conv_geometry.hpp threads_per_rank). A plan input: oneDNN's scratchpads
   // grow with it, so `submit` sets it for the ranks it launches.
   int threads = 0;
+  // The instruction set oneDNN dispatches to on the CPU backend: "auto" (what this
+  // machine's oneDNN reaches) or one of kernels/cpu/dnnl_isa.hpp's names. A plan input
+  // like threads: oneDNN's scratchpads follow it, so a set value plans the same on every
+  // machine that has it (a machine without it refuses the plan).
+  std::string cpu_isa = "auto";
 };
 
 struct CheckpointConfig {

@@ -345,6 +345,7 @@ std::string to_yaml(const Config& c) {
   out << YAML::Key << "threads" << YAML::Value;
   if (p.threads == 0) out << "auto";
   else out << p.threads;
+  out << YAML::Key << "cpu_isa" << YAML::Value << p.cpu_isa;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

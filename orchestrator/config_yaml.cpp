@@ -10,7 +10,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "orchestrator/config.hpp"
+#include "orchestrator/config_error.hpp"
 
 namespace ht::cfg {
 

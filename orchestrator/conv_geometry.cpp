@@ -1,8 +1,11 @@
 #include "orchestrator/conv_geometry.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/dnnl_isa.hpp"
 #include "kernels/cpu/threads.hpp"
 #include "orchestrator/layer_kind.hpp"
 
@@ -80,11 +83,27 @@ int local_batch(const Config& config, const ShardPlan& plan) { return local_batc
 
 uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   if (config.parallel.backend != Backend::CPU) return 0;
+  use_cpu_isa(config);
   const int threads = threads_per_rank(config, plan.world());
   cpu::ConvScratch need;
   for (const ShardConv& c : shard_convs(plan, rank, local_batch(config, plan), use))
     need.include(cpu::dnnl_conv_scratch(c.geom, c.passes, threads));
   return need.total();
+}
+
+std::string use_cpu_isa(const Config& config) {
+  const std::string& asked = config.parallel.cpu_isa;
+  std::string reached;
+  try {
+    reached = cpu::use_dnnl_isa(asked);
+  } catch (const std::logic_error& e) {
+    throw ConfigError(fmt::format("parallel.cpu_isa {}: {}", asked, e.what()));
+  }
+  if (asked != "auto" && reached != asked)
+    throw ConfigError(fmt::format("parallel.cpu_isa {}: this machine's oneDNN reaches {} (its CPU, or "
+                                  "ONEDNN_MAX_CPU_ISA); plan where the ranks run, or set the ISA they share",
+                                  asked, reached));
+  return reached;
 }
 
 int threads_per_rank(const Config& config, int in_process) {

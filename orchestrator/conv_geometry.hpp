@@ -1,9 +1,10 @@
-// The convolutions one shard runs, as worker/window_layers.cpp sets them up: the memory
+// The convolutions one shard runs, as worker/layers/window_layers.cpp sets them up: the memory
 // model sizes the CPU backend's oneDNN scratch from them, and the worker reserves that
 // scratch before its first step.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/geometry.hpp"
@@ -42,5 +43,10 @@ uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int ran
 // launcher starts the workers with it and the memory model sizes oneDNN's scratchpads
 // with it, so a set value makes the plan the same wherever it is computed.
 int threads_per_rank(const Config& config, int in_process);
+
+// Fixes oneDNN's instruction set for this process at parallel.cpu_isa (before oneDNN's
+// first use: conv_scratch_bytes calls it) and returns the one it dispatches to. ConfigError
+// when this machine's oneDNN does not reach a set one.
+std::string use_cpu_isa(const Config& config);
 
 }  // namespace ht

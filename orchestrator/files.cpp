@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "orchestrator/config.hpp"  // ConfigError
+#include "orchestrator/config_error.hpp"
 
 namespace ht {
 

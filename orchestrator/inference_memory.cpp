@@ -18,7 +18,7 @@ int prediction_band_rows(int channels, int cols) {
 }
 
 MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& plan, int rank, Inference kind) {
-  // The worker's order (worker/layers.cpp forward_inference, worker/inference.cpp): the
+  // The worker's order (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp): the
   // weights, the input tile, then per layer its gathered input and halo staging, its
   // output, and the inputs it read last freed; predict then moves the output to rank 0 in
   // bands.

@@ -2,7 +2,7 @@
 // reading and emitting, the model spec, the model hash, the shard plan, the memory model
 // and the worker's layers read it, so adding a layer is its LayerKind (the built-in ones
 // are in layer_kinds.cpp; others come through register_layer_kind), its kernels
-// (worker/layers.hpp: register_layer_kernels) and its tests.
+// (worker/layers/layers.hpp: register_layer_kernels) and its tests.
 #pragma once
 
 #include <functional>

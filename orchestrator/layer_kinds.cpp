@@ -1,6 +1,6 @@
 // The built-in windowed layer kinds (SPEC sections 5, 7 and 11): convolutions, pools,
 // resampling, padding and cropping; keys, names, traits, shapes, weights, flops. Their
-// kernels are in worker/window_layers.cpp. The other kinds are in layer_kinds_pixel.cpp.
+// kernels are in worker/layers/window_layers.cpp. The other kinds are in layer_kinds_pixel.cpp.
 #include <fmt/format.h>
 
 #include <algorithm>

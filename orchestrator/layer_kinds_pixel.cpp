@@ -1,7 +1,7 @@
 // The built-in kinds that are not windowed (SPEC sections 4, 7 and 11): batch norm and
 // the other normalisations, activations, dropout, joins, global pools, flatten, dense and
 // channel permutations; keys, names, traits, shapes, weights, flops. Their kernels are in
-// worker/layers.cpp and worker/pixel_layers.cpp.
+// worker/layers/layers.cpp and worker/layers/pixel_layers.cpp.
 #include <fmt/format.h>
 
 #include "orchestrator/layer_kinds.hpp"
@@ -31,7 +31,7 @@ LayerKind batch_norm() {
   return k;
 }
 
-// Element-wise, shape-preserving: relu and the activations (worker/layers.cpp's
+// Element-wise, shape-preserving: relu and the activations (worker/layers/layers.cpp's
 // ActivationLayer), dropout, drop_path.
 LayerKind elementwise(const char* type, const char* keras_class, const char* keras_prefix) {
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};

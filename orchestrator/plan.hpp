@@ -24,7 +24,7 @@ constexpr int kMaxAutoShards = 256;
 
 // Image files that cannot be streamed (SPEC section 13: interlaced PNG, progressive JPEG, a
 // compressed DICOM frame) are decoded whole, once per image and reader, in host memory beside a rank's
-// other figures. Read from the manifests' headers by the worker side (worker/batch.hpp
+// other figures. Read from the manifests' headers by the worker side (worker/run/batch.hpp
 // data_whole_decodes); all zero for HDF5 data.
 struct WholeDecodes {
   int64_t rows = 0;       // of data.train's and data.validation's manifests

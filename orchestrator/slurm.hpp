@@ -9,7 +9,7 @@
 //   srun-launched halotrain ranks (every job step), which checkpoint and requeue. With
 //   `B:` only the batch shell would get it, and it would have to forward it.
 // - the ranks exit 3 when they stopped with a checkpoint written. If the job requeued
-//   itself they left run_dir/.requeued (worker/signals.hpp), and the script ends; else,
+//   itself they left run_dir/.requeued (worker/run/signals.hpp), and the script ends; else,
 //   under recycle.mode restart, it launches them again (they resume), otherwise it exits 3.
 #pragma once
 

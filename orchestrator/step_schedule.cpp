@@ -144,7 +144,7 @@ class StepWalk {
       if (makes_dx(l, k)) return true;
     return false;
   }
-  // Whether layer l keeps its extended input from forward to backward (worker/window_layers.cpp).
+  // Whether layer l keeps its extended input from forward to backward (worker/layers/window_layers.cpp).
   bool keeps_ext(int l) const { return keeps_extended_input(m_.layers[l], at(l), policy_[l]); }
   bool regathers(int l) const {
     const WindowUse use = traits(l).backward_window;
@@ -182,7 +182,7 @@ class StepWalk {
     return ext;
   }
 
-  // The CUDA backend's conv scratch (worker/cuda/cudnn_conv.cpp), shared by all convs:
+  // The CUDA backend's conv scratch (worker/runtime/cuda/cudnn_conv.cpp), shared by all convs:
   // the cuDNN workspace (counted at its limit from the first conv on), and the zeroed
   // copy of the input that turns asymmetric padding into cuDNN's symmetric one, which
   // grows to the largest such input.
@@ -261,7 +261,7 @@ class StepWalk {
     if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
   }
 
-  // A windowed layer's backward (worker/window_layers.cpp).
+  // A windowed layer's backward (worker/layers/window_layers.cpp).
   void windowed_backward(int l) {
     const bool need_dx = makes_any_dx(l);
     // A window used for the weight gradient only is freed before the input gradient is made.

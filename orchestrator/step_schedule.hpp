@@ -1,14 +1,14 @@
 // The step schedule: one training step of one rank as the ordered operations the worker
 // runs (gather a halo and run a layer's forward, stash, offload, prefetch, recompute, a
 // layer's backward, free, sum, all-reduce, update), each with the device and host-pool
-// bytes it allocates and frees. worker/trainer.cpp executes the operations in this order;
+// bytes it allocates and frees. worker/run/trainer.cpp executes the operations in this order;
 // the memory model (memory_model.hpp) is the sum over them; `halotrain plan --schedule`
 // prints them (plan_report.hpp); `halotrain train --trace-memory` records a real step's allocations under
 // the same operations, and the tests compare the two operation for operation. There is no
 // second description of the step's order.
 //
 // What happens inside one operation follows the layer kinds' LayerTraits, which the
-// worker's layers (worker/layers.cpp, worker/window_layers.cpp, worker/halo_exchange.cpp)
+// worker's layers (worker/layers/layers.cpp, worker/layers/window_layers.cpp, worker/comm/halo_exchange.cpp)
 // follow too. Everything is float32.
 #pragma once
 
@@ -68,7 +68,7 @@ struct RankSizes {
   uint64_t input = 0, targets = 0;
   uint64_t conv_scratch = 0;  // CPU backend: oneDNN's reorder buffers and scratchpad (conv_geometry.hpp)
   // CPU backend: the next micro-batch's image and target tiles are read in the background
-  // during this one (worker/batch.hpp), so two micro-batches' tiles are on the device; on
+  // during this one (worker/run/batch.hpp), so two micro-batches' tiles are on the device; on
   // CUDA the next one waits in host memory.
   bool staged = false;
   std::vector<LayerSizes> layers;

@@ -4,7 +4,7 @@
 // inlined, the data too (one JSON document): the page needs no network.
 //
 // Pure: this library renders what it is given and parses the run's CSV files; reading the
-// image (HDF5) and publishing the file are the caller's (worker/run_report.hpp).
+// image (HDF5) and publishing the file are the caller's (worker/run/run_report.hpp).
 #pragma once
 
 #include <cstdint>

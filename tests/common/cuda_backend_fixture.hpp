@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "worker/backend.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace ht::cuda_test {
 

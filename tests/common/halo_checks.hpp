@@ -10,9 +10,9 @@
 
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/shard_plan.hpp"
-#include "worker/backend.hpp"
-#include "worker/comm.hpp"
-#include "worker/halo_exchange.hpp"
+#include "worker/comm/comm.hpp"
+#include "worker/comm/halo_exchange.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace ht::testing {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "worker/backend.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace ht::testing {
 

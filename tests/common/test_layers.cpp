@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
-#include "worker/layers.hpp"
+#include "worker/layers/layers.hpp"
 
 namespace ht {
 namespace {

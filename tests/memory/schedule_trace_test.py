@@ -9,7 +9,9 @@ operation for operation: the same actions on the same layers in the same order (
 micro-batch's operations once per micro-batch), the same allocations and frees in the
 same order with the same byte counts, and the bytes held when the step starts equal to
 what the schedule holds. Cases: the demo model (a chain with batch norm) on grids 2x1
-and 2x2 under keep, offload, recompute and a tight `auto`, with micro-batches, with a frozen stem, and under mpirun; the U-Net (concatenations, transposed convs) under
+and 2x2 under keep, offload, recompute and a tight `auto`, with micro-batches, with a frozen stem, under mpirun, and planned on a "login node" (other CPU
+count, OpenMP/MPI/Slurm variables, oneDNN capped at another ISA) with parallel.threads and
+parallel.cpu_isa set; the U-Net (concatenations, transposed convs) under
 keep and recompute; a residual graph on an uneven grid 3x2; EfficientNet-B0 (depthwise
 convs, squeeze-excite, a gathered tail) on 3x1.
 
@@ -60,18 +62,26 @@ def first_difference(want, got):
     return f"schedule has {len(want)} operations, the trace {len(got)}"
 
 
-def run_case(tag, config, overrides, ranks, mpi=False):
+def environment(changes):
+    env = dict(os.environ)
+    env.update(changes)
+    return env
+
+
+def run_case(tag, config, overrides, ranks, mpi=False, train_env=None, plan_env=None):
+    """Trains under `train_env` (a rank's environment), plans under `plan_env` (where the job
+    is planned); both default to this one."""
     run_dir = os.path.join(WORK, tag)
     args = sets([f"run_dir={run_dir}", "training.steps=2", "checkpoint.resume=never", "training.validate_every=0",
                  "checkpoint.every_steps=0"] + overrides)
     launch = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] if mpi else []
     p = subprocess.run(launch + [BIN, "train", config, *args, "--trace-memory"], capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=environment(train_env or {}))
     if not check(f"{tag}: train exits 0", p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]):
         return
     for rank in range(ranks):
         q = subprocess.run([BIN, "plan", config, *args, "--schedule", "--json", "--rank", str(rank)],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=120, env=environment(plan_env or {}))
         if not check(f"{tag} rank {rank}: plan --schedule", q.returncode == 0, q.stderr[-2000:]):
             continue
         schedule = json.loads(q.stdout)
@@ -84,6 +94,35 @@ def run_case(tag, config, overrides, ranks, mpi=False):
         check(f"{tag} rank {rank}: held at the step's start as scheduled",
               held(schedule) == (trace["held"], trace["host_held"]),
               f"schedule {held(schedule)}, trace {(trace['held'], trace['host_held'])}")
+
+
+def plan_inputs_checks(demo, small):
+    """parallel.cpu_isa: set, it holds against ONEDNN_MAX_CPU_ISA; auto follows the host
+    (what makes the set value necessary); a set ISA the CPU lacks is refused by name."""
+    args = [demo, *sets(small + ["parallel.threads=2"]), "--schedule", "--json"]
+
+    def workspace(extra, env):
+        p = subprocess.run([BIN, "plan", *args, *sets(extra)], capture_output=True, text=True, timeout=120,
+                           env=environment(env))
+        if p.returncode != 0:
+            return p.stderr.strip()
+        return sum(b for k, b in json.loads(p.stdout)["ops"][0]["events"] if k == "workspace")
+
+    capped = {"ONEDNN_MAX_CPU_ISA": "SSE41"}
+    auto_here, auto_capped = workspace([], {}), workspace([], capped)
+    if auto_here == auto_capped:
+        print("skip auto follows the host: oneDNN reaches only SSE4.1 here", flush=True)
+    else:
+        check("cpu_isa auto: the conv scratch follows the host's ISA", True)
+    check("cpu_isa sse41 set: the same plan under ONEDNN_MAX_CPU_ISA=AVX2 as under no cap",
+          workspace(["parallel.cpu_isa=sse41"], {}) == workspace(["parallel.cpu_isa=sse41"], {"ONEDNN_MAX_CPU_ISA": "AVX2"})
+          == auto_capped, f"{workspace(['parallel.cpu_isa=sse41'], {})} vs {auto_capped}")
+    with open("/proc/cpuinfo") as f:
+        has_amx = "amx_tile" in f.read()
+    if not has_amx:
+        refused = workspace(["parallel.cpu_isa=avx512_core_amx"], {})
+        check("cpu_isa beyond this CPU: refused naming parallel.cpu_isa",
+              isinstance(refused, str) and "parallel.cpu_isa avx512_core_amx" in refused, str(refused))
 
 
 def main():
@@ -99,6 +138,14 @@ def main():
              small + ["parallel.grid=[2, 2]", "parallel.activations=offload", "training.accumulate=2"], 4)
     run_case("demo-2x2-recompute", demo, small + ["parallel.grid=[2, 2]", "parallel.activations=recompute"], 4)
     run_case("demo-2x1-offload-mpirun", demo, small + ["parallel.activations=offload"], 2, mpi=True)
+    # The plan's inputs are the config: a "login node" (another CPU count, OpenMP, MPI and
+    # Slurm variables, oneDNN capped at SSE4.1) plans the schedule the ranks run, once
+    # parallel.threads and parallel.cpu_isa are set.
+    login = {"ONEDNN_MAX_CPU_ISA": "SSE41", "OMP_NUM_THREADS": "7", "SLURM_CPUS_PER_TASK": "5",
+             "SLURM_CPUS_ON_NODE": "48", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    run_case("demo-2x1-login-node", demo, small + ["parallel.threads=2", "parallel.cpu_isa=avx2"], 2,
+             plan_env=login, train_env={"OMP_NUM_THREADS": "1"})
+    plan_inputs_checks(demo, small)
     # Frozen layers: no backward reaches them; an offloaded input waits in the host pool.
     run_case("demo-2x1-frozen-offload", demo, small + ["parallel.activations=offload",
                                                        "model.layers[0].trainable=false",

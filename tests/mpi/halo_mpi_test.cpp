@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "common/halo_checks.hpp"
-#include "worker/mpi_comm.hpp"
+#include "worker/comm/mpi_comm.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

@@ -251,7 +251,7 @@ CASES.update(SECTION14)
 COUNT, BATCH = 6, 4
 
 
-# --- the data order of worker/batch.cpp: splitmix64 Fisher-Yates per epoch -------------
+# --- the data order of worker/run/batch.cpp: splitmix64 Fisher-Yates per epoch -------------
 M64 = (1 << 64) - 1
 
 

@@ -366,7 +366,7 @@ def splitmix_draws(seed, step, sample, count=4):
 
 
 def augment_one(aug, step, sample, x, m, case):
-    """worker/batch.cpp augment_view: four draws (h flip, v flip, crop top, crop left)."""
+    """worker/run/batch.cpp augment_view: four draws (h flip, v flip, crop top, crop left)."""
     h_draw, v_draw, top_draw, left_draw = splitmix_draws(SEED, step, sample)
     H, W = case["input"][0], case["input"][1]
     if aug.get("crop"):

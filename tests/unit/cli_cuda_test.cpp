@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "worker/backend.hpp"
+#include "worker/runtime/backend.hpp"
 
 #include "common/run_halotrain.hpp"
 

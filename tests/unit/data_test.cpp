@@ -12,11 +12,11 @@
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
-#include "worker/backend.hpp"
-#include "worker/batch.hpp"
-#include "worker/data_reader.hpp"
-#include "worker/h5.hpp"
-#include "worker/synthetic_data.hpp"
+#include "worker/io/data_reader.hpp"
+#include "worker/io/h5.hpp"
+#include "worker/io/synthetic_data.hpp"
+#include "worker/run/batch.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace fs = std::filesystem;
 using namespace ht;

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "common/halo_checks.hpp"
-#include "worker/local_comm.hpp"
+#include "worker/comm/local_comm.hpp"
 
 namespace ht {
 namespace {

@@ -12,8 +12,8 @@
 #include <iostream>
 
 #include "orchestrator/config.hpp"
-#include "worker/data_reader.hpp"
-#include "worker/image_files.hpp"
+#include "worker/io/data_reader.hpp"
+#include "worker/io/image_files.hpp"
 
 namespace fs = std::filesystem;
 using namespace ht;

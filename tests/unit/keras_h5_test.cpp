@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "orchestrator/config.hpp"
-#include "worker/h5.hpp"
-#include "worker/keras_h5.hpp"
+#include "worker/io/h5.hpp"
+#include "worker/io/keras_h5.hpp"
 
 namespace fs = std::filesystem;
 using namespace ht;

@@ -12,7 +12,7 @@
 
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/pool.hpp"
-#include "worker/tensor.hpp"
+#include "worker/runtime/tensor.hpp"
 
 namespace ht {
 namespace {

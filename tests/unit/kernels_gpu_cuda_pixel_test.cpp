@@ -8,7 +8,7 @@
 #include "common/cuda_backend_fixture.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/pixel.hpp"
-#include "worker/backend.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace ht {
 namespace {

@@ -20,9 +20,9 @@
 #include "kernels/cpu/pixel.hpp"
 #include "kernels/cpu/pool.hpp"
 #include "kernels/cpu/resample.hpp"
-#include "worker/backend.hpp"
+#include "worker/runtime/backend.hpp"
 #ifdef HALOTRAIN_HAVE_CUDA_BACKEND
-#include "worker/cuda/nccl_comm.hpp"
+#include "worker/comm/nccl_comm.hpp"
 #endif
 
 namespace ht {

@@ -1,5 +1,5 @@
 // A layer kind added from the test tree through the registry alone: its LayerKind
-// (orchestrator/layer_kind.hpp) and its kernels (worker/layers.hpp), nothing else. The
+// (orchestrator/layer_kind.hpp) and its kernels (worker/layers/layers.hpp), nothing else. The
 // config reads and emits its key, the model hash covers it, the model spec and the memory
 // model use its description, and it trains: sharded 2x2 as unsharded, its weight moved by
 // the gradient the kernels compute, the memory model's peak equal to the measured one.
@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
-#include "worker/checkpoint.hpp"
-#include "worker/keras_h5.hpp"
-#include "worker/layers.hpp"
-#include "worker/trainer.hpp"
+#include "worker/io/keras_h5.hpp"
+#include "worker/layers/layers.hpp"
+#include "worker/run/checkpoint.hpp"
+#include "worker/run/trainer.hpp"
 
 namespace fs = std::filesystem;
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "worker/local_comm.hpp"
+#include "worker/comm/local_comm.hpp"
 
 namespace ht {
 namespace {

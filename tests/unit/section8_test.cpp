@@ -12,11 +12,11 @@
 #include "common/config_support.hpp"
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
-#include "worker/batch.hpp"
-#include "worker/data_reader.hpp"
-#include "worker/evaluation.hpp"
-#include "worker/h5.hpp"
-#include "worker/run_report.hpp"
+#include "worker/io/data_reader.hpp"
+#include "worker/io/h5.hpp"
+#include "worker/run/batch.hpp"
+#include "worker/run/evaluation.hpp"
+#include "worker/run/run_report.hpp"
 
 namespace fs = std::filesystem;
 

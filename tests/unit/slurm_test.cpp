@@ -14,7 +14,7 @@
 #include "orchestrator/process.hpp"
 #include "orchestrator/slurm.hpp"
 #include "orchestrator/submit.hpp"
-#include "worker/signals.hpp"
+#include "worker/run/signals.hpp"
 
 namespace ht {
 namespace {
@@ -174,7 +174,7 @@ TEST(SlurmScript, LaunchesHalotrainTrainWithTheSameOverrides) {
 
 TEST(SlurmScript, ExitThreeLoopAndRequeueMarker) {
   const std::string s = render(config_with());
-  // The marker the worker writes (worker/signals.hpp) is what the script looks for.
+  // The marker the worker writes (worker/run/signals.hpp) is what the script looks for.
   EXPECT_EQ(requeue_marker_path("/scratch/me/project/runs/seed"), "/scratch/me/project/runs/seed/.requeued");
   EXPECT_TRUE(has(s, "run_dir=/scratch/me/project/runs/seed\n"));
   EXPECT_TRUE(has(s, "  rm -f \"$run_dir/.requeued\"\n"));

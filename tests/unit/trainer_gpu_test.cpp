@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/backend.hpp"
-#include "worker/keras_h5.hpp"
+#include "worker/io/keras_h5.hpp"
+#include "worker/runtime/backend.hpp"
 
 #include "common/run_halotrain.hpp"
 

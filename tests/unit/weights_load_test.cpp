@@ -14,10 +14,10 @@
 
 #include "orchestrator/config.hpp"
 #include "orchestrator/model_spec.hpp"
-#include "worker/backend.hpp"
-#include "worker/checkpoint.hpp"
-#include "worker/keras_h5.hpp"
-#include "worker/params.hpp"
+#include "worker/io/keras_h5.hpp"
+#include "worker/layers/params.hpp"
+#include "worker/run/checkpoint.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace fs = std::filesystem;
 using namespace ht;

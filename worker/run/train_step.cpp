@@ -1,0 +1,177 @@
+// One training step: the trainer runs its rank's step schedule (orchestrator/step_schedule.hpp)
+// operation by operation. Which tensor is stashed, fetched back or recomputed, and when, is
+// the schedule's; this file says what each operation does.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "worker/run/memory_trace.hpp"
+#include "worker/run/optimizer.hpp"
+#include "worker/run/signals.hpp"
+#include "worker/run/trainer.hpp"
+#include "worker/runtime/log.hpp"
+
+namespace ht {
+
+// The tensors of one micro-batch: acts[t] is tensor t of the model (acts[0] the image tile,
+// acts[l + 1] layer l's output), on the device or in the backend's host pool; grads[t] the
+// gradient of tensor t, summed over its readers as their backwards run.
+struct Trainer::MicroBatch {
+  Batch batch;
+  std::vector<Tensor> device, host, grads;
+  double loss = 0;
+  explicit MicroBatch(int layers) : device(layers + 1), host(layers + 1), grads(layers + 1) {}
+};
+
+void Trainer::finish_offload(MicroBatch& a, int i) {
+  backend_->wait_transfers();
+  a.device[i].release();
+}
+
+void Trainer::stash(MicroBatch& a, int i) {
+  Tensor& t = a.device[i];
+  if (policies_[i - 1] == ActivationPolicy::Recompute) {
+    t.release();
+    return;
+  }
+  a.host[i] = Tensor(backend_->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
+  backend_->to_host_async(a.host[i].data(), t.data(), t.bytes());
+}
+
+void Trainer::prefetch(MicroBatch& a, int i) {
+  const Tensor& h = a.host[i];
+  a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
+                       "activation fetched back for layer " + plan_.model.layers[i - 1].config.name);
+  backend_->to_device_async(a.device[i].data(), h.data(), h.bytes());
+}
+
+void Trainer::restore(MicroBatch& a, int i) {
+  backend_->transfers_done_for_compute();
+  a.host[i].release();  // later copies into this block queue behind this one
+}
+
+void Trainer::backward(MicroBatch& a, int l) {
+  const ModelSpec& m = plan_.model;
+  const std::vector<int>& inputs = m.layers[l].inputs;
+  std::vector<bool> need_dx;
+  for (int t : inputs) need_dx.push_back(gradient_[size_t(t)]);
+  std::vector<Tensor> dx =
+      layers_[l]->backward(inputs_of(m, l, a.device), a.device[l + 1], a.grads[l + 1], need_dx);
+  layers_[l]->release_saved();
+  a.device[l + 1].release();
+  a.grads[l + 1].release();
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& sum = a.grads[inputs[k]];
+    if (!need_dx[k]) continue;
+    if (sum.empty()) {
+      sum = std::move(dx[k]);
+    } else {
+      backend_->add(sum.data(), dx[k].data(), sum.size());
+      dx[k].release();
+    }
+  }
+}
+
+void Trainer::loss_gradient(MicroBatch& a, int64_t step) {
+  const int L = int(layers_.size());
+  const Tensor& y = a.device[L];
+  a.grads[L] = Tensor(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
+  a.loss = loss_and_grad(y, a.batch, a.grads[L]);
+  if (std::isfinite(a.loss)) return;
+  for (auto& layer : layers_) layer->release_saved();
+  throw TrainingDiverged(fmt::format(
+      "step {}: the loss is {}; stopping without writing a checkpoint (samples {}; lower "
+      "training.optimizer.lr or check data.scale)",
+      step + 1, std::isnan(a.loss) ? "NaN" : (a.loss > 0 ? "+inf" : "-inf"), fmt::join(a.batch.samples, ", ")));
+}
+
+// Each backward writes the gradients of its micro-batch; their sum waits in grad_sum_, and
+// the last adds it in, in micro-batch order.
+void Trainer::sum_gradients(int micro) {
+  const int k = config_.training.accumulate;
+  const size_t n = params_->trainable_count();
+  float* grads = params_->grads().data();
+  if (micro == 0) backend_->copy(grad_sum_.data(), grads, n);
+  else if (micro + 1 < k) backend_->add(grad_sum_.data(), grads, n);
+  else backend_->add(grads, grad_sum_.data(), n);
+}
+
+void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
+  if (trace_ && trace_->step() == step) trace_->begin(op);
+  const ModelSpec& m = plan_.model;
+  const int i = op.index;
+  switch (op.action) {
+    case StepAction::Hold: break;
+    case StepAction::LoadBatch: {
+      // The next micro-batch is read while this one computes (even after the last step: the
+      // memory model counts its tensors on every step).
+      const bool last_micro = micro + 1 == config_.training.accumulate;
+      a->batch = data_->load(step, micro, last_micro ? step + 1 : step, last_micro ? 0 : micro + 1);
+      position_ = {config_.seed, step, a->batch.batch_position};
+      a->device[0] = std::move(a->batch.images);
+      break;
+    }
+    case StepAction::Forward:
+    case StepAction::Recompute:
+      a->device[i + 1] = layers_[i]->forward(
+          inputs_of(m, i, a->device), op.action == StepAction::Forward ? ForwardMode::Train : ForwardMode::Recompute);
+      note_progress();
+      break;
+    case StepAction::Stash: stash(*a, i); break;
+    case StepAction::FinishOffload: finish_offload(*a, i); break;
+    case StepAction::LossGradient: loss_gradient(*a, step); break;
+    case StepAction::Prefetch: prefetch(*a, i); break;
+    case StepAction::Restore: restore(*a, i); break;
+    case StepAction::Backward:
+      backward(*a, i);
+      note_progress();
+      break;
+    case StepAction::SkipBackward:
+      layers_[i]->release_saved();
+      a->device[i + 1].release();
+      break;
+    case StepAction::EndMicroBatch:
+      for (Tensor& t : a->host) t.release();
+      a->device[0].release();
+      a->batch.targets.release();
+      break;
+    case StepAction::SumGradients: sum_gradients(micro); break;
+    case StepAction::AllReduce:  // one all-reduce of every weight gradient, summed in rank order
+      world_->allreduce_sum(params_->grads().data(), params_->trainable_count());
+      break;
+    case StepAction::Update:
+      optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *params_, optimizer_, *backend_);
+      break;
+  }
+}
+
+double Trainer::train_step(int64_t step) {
+  // The layers frozen this step (SPEC section 14) change only where a freeze is released;
+  // the backward goes as far as a weight that trains (the plan's schedule assumes every
+  // freeze released: LayerSpec::output_gradient).
+  const bool released = config_.training.unfreeze_at > 0 && step >= config_.training.unfreeze_at;
+  if (schedule_.ops.empty() || released != released_) {
+    released_ = released;
+    frozen_ = frozen_layers(config_, plan_.model, step);
+    gradient_ = gradient_flow(plan_.model, frozen_);
+    schedule_ = training_schedule(config_, plan_, rank_, policies_, gradient_);
+  }
+  const bool traced = trace_ && trace_->step() == step;
+  if (traced) trace_->start(backend_->allocator(), backend_->host_pool());
+  double loss = 0;
+  for (int micro = 0; micro < schedule_.micro_batches; ++micro) {
+    MicroBatch a(int(layers_.size()));
+    for (size_t o = schedule_.micro_begin; o < schedule_.micro_end; ++o) run_op(schedule_.ops[o], &a, step, micro);
+    loss += a.loss;
+  }
+  for (size_t o = schedule_.micro_end; o < schedule_.ops.size(); ++o) run_op(schedule_.ops[o], nullptr, step, 0);
+  if (traced) {
+    trace_->finish(fmt::format("{}/memory-trace-{}.json", config_.run_dir, rank_), rank_);
+    if (rank_ == 0)
+      log().info("wrote the allocations of step {} to {}/memory-trace-RANK.json", step + 1, config_.run_dir);
+  }
+  return loss;
+}
+
+}  // namespace ht
