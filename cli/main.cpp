@@ -54,9 +54,15 @@ int cmd_plan(const std::string& path, const std::vector<std::string>& sets, bool
   Config config = load_config(path, sets);
   const ModelSpec model = build_model_spec(config);
   ShardPlan shards = make_shard_plan(model, plan_grid(config, model));
-  if (schedule && mode == "predict")
-    throw ConfigError("plan --schedule: the step schedule is training's; leave out --mode predict");
   if (mode == "predict") {
+    if (schedule) {
+      if (rank < 0) rank = estimate_inference_memory_max(config, shards, Inference::Predict).rank;
+      if (rank >= shards.world())
+        throw ConfigError(fmt::format("plan --rank {}: the plan has ranks 0 to {}", rank, shards.world() - 1));
+      const StepSchedule s = inference_schedule(config, shards, rank, Inference::Predict);
+      std::cout << (json ? render_schedule_json(s, model) + "\n" : render_schedule_text(s, model));
+      return 0;
+    }
     std::cout << render_predict_plan(config, shards, json);
     const std::string verdict = predict_fit_verdict(config, shards);
     if (verdict.empty()) return 0;
@@ -183,9 +189,9 @@ int cmd_evaluate(const std::string& path, const std::vector<std::string>& sets, 
 }
 
 int cmd_predict(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
-                const std::string& input, const std::string& output, bool float32) {
+                const std::string& input, const std::string& output, bool float32, bool trace_memory) {
   const Config config = load_config(path, sets);
-  const PredictionResult r = run_prediction(config, checkpoint, input, output, float32);
+  const PredictionResult r = run_prediction(config, checkpoint, input, output, float32, trace_memory);
   if (mpi_rank() == 0)
     std::cout << fmt::format("wrote {}: predictions {} ({}); peak device memory {} B, predicted {} B\n", output,
                              fmt::format("[{}]", fmt::join(r.shape, ", ")),
@@ -241,7 +247,8 @@ Command plan_command(CLI::App& app) {
   sub->add_option("--mode", a->mode, "train (default) or predict: the memory of inference")
       ->check(CLI::IsMember({"train", "predict"}));
   sub->add_flag("--schedule", a->schedule,
-                "print a training step's operations in order, with the memory each allocates and frees, instead");
+                "print a training step's operations in order (with --mode predict: a batch's), with the memory each "
+                "allocates and frees, instead");
   sub->add_option("--rank", a->rank, "with --schedule: this rank's (default: the one with the highest peak)")
       ->check(CLI::NonNegativeNumber);
   return {sub, [a] { return cmd_plan(a->path, a->sets, a->json, a->html, a->mode, a->schedule, a->rank); }};
@@ -262,7 +269,7 @@ Command evaluate_command(CLI::App& app) {
 Command predict_command(CLI::App& app) {
   struct Args : ConfigArgs {
     std::string checkpoint, input, output;
-    bool float32 = false;
+    bool float32 = false, trace_memory = false;
   };
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("predict", "the sharded forward of every image, written to an HDF5 file or a "
@@ -275,7 +282,12 @@ Command predict_command(CLI::App& app) {
                   "DIR/scores.csv)")
       ->required();
   sub->add_flag("--float32", a->float32, "with --output DIR/: also NAME-float32.tif, the probabilities as float32");
-  return {sub, [a] { return cmd_predict(a->path, a->sets, a->checkpoint, a->input, a->output, a->float32); }};
+  sub->add_flag("--trace-memory", a->trace_memory,
+                "write every allocation of the first batch to run_dir/memory-trace-predict-RANK.json, by operation "
+                "of `plan --mode predict --schedule`");
+  return {sub, [a] {
+            return cmd_predict(a->path, a->sets, a->checkpoint, a->input, a->output, a->float32, a->trace_memory);
+          }};
 }
 
 Command report_command(CLI::App& app) {

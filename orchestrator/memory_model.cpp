@@ -18,11 +18,6 @@ const HaloPhase kPhases[2] = {HaloPhase::Rows, HaloPhase::Cols};
 
 uint64_t replicated_bytes(const Config& config, const ModelSpec& model) { return replicated_state(config, model).total(); }
 
-uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model) {
-  const bool conv = std::any_of(model.layers.begin(), model.layers.end(),
-                                [](const LayerSpec& l) { return l.kind().traits.conv_workspace; });
-  return config.parallel.backend == Backend::CUDA && conv ? kConvWorkspaceLimit : 0;
-}
 
 int node_of(const Config& config, int rank) { return rank / std::max(config.parallel.devices_per_node, 1); }
 int local_device_of(const Config& config, int rank) {

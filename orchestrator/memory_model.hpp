@@ -30,9 +30,6 @@ bool policy_applies(const ModelSpec& model, int layer);
 bool policy_applies(const ShardPlan& plan, int layer);
 LayerPolicies uniform_policies(const ShardPlan& plan, ActivationPolicy policy);
 
-// kConvWorkspaceLimit (kernels/device_memory.hpp) when the backend is CUDA and the model has a convolution, else 0.
-uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model);
-
 // The weights, their gradients and the optimizer state: every rank holds all of them.
 uint64_t replicated_bytes(const Config& config, const ModelSpec& model);
 
@@ -79,16 +76,9 @@ struct HaloTraffic {
 int local_batch(const Config& config, const ShardPlan& plan);
 int local_batch(const Config& config, int groups);
 
-// Prediction moves each output tile to rank 0 in bands of rows of at most this many bytes
-// (at least one row).
-constexpr uint64_t kPredictionBandBytes = uint64_t(16) << 20;
-int prediction_band_rows(int channels, int cols);
-
-// Inference (evaluate, predict, and validation during training): the weights without
-// gradients or optimizer state, then the forward with each activation freed once the next
-// layer has read it; predict adds the band of output on its way to rank 0. Activations
-// are the layer outputs and input tile live at the peak, transient a gathered input.
-enum class Inference { Evaluate, Predict };
+// Inference (evaluate, predict, and validation during training): the sum over its schedule
+// (step_schedule.hpp inference_schedule). Activations are the layer outputs and the input
+// tile live at the peak, transient a gathered or halo-extended input.
 MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& plan, int rank, Inference kind);
 MemoryEstimate estimate_inference_memory_max(const Config& config, const ShardPlan& plan, Inference kind);
 int node_of(const Config& config, int rank);          // rank / devices_per_node

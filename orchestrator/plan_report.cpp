@@ -368,7 +368,7 @@ std::string render_schedule_text(const StepSchedule& s, const ModelSpec& m) {
     after[i] = now;
     if (high[i] > peak) peak = high[i], at_peak = i;
   }
-  std::string out = fmt::format("step schedule of rank {}: {} operations{}\n", s.rank, s.ops.size(),
+  std::string out = fmt::format("schedule of rank {}: {} operations{}\n", s.rank, s.ops.size(),
                                 s.micro_batches > 1
                                     ? fmt::format(" (ops {} to {} run {} times, once per micro-batch)", s.micro_begin,
                                                   s.micro_end - 1, s.micro_batches)

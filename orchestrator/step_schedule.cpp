@@ -38,12 +38,12 @@ ReplicatedState replicated_state(const Config& config, const ModelSpec& model) {
   return s;
 }
 
-RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank) {
+RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   const ModelSpec& m = plan.model;
   const int b = local_batch(config, plan), L = int(m.layers.size());
   RankSizes r;
   r.input = tile_bytes(plan.owned_image(rank), m.input.c, b);
-  r.conv_scratch = conv_scratch_bytes(config, plan, rank, ConvUse::Training);
+  r.conv_scratch = conv_scratch_bytes(config, plan, rank, use);
   r.targets = m.spatial_output() ? tile_bytes(plan.owned_output(L - 1, rank), 1, b)
                                     : uint64_t(b) * m.output().c * kFloat;
   r.staged = config.parallel.backend == Backend::CPU;
@@ -81,6 +81,17 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank) {
   return r;
 }
 
+uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model) {
+  const bool conv = std::any_of(model.layers.begin(), model.layers.end(),
+                                [](const LayerSpec& l) { return l.kind().traits.conv_workspace; });
+  return config.parallel.backend == Backend::CUDA && conv ? kConvWorkspaceLimit : 0;
+}
+
+int prediction_band_rows(int channels, int cols) {
+  const uint64_t row = uint64_t(std::max(channels, 1)) * uint64_t(std::max(cols, 1)) * kFloat;
+  return int(std::max<uint64_t>(1, kPredictionBandBytes / row));
+}
+
 bool keeps_extended_input(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy) {
   return layer.windowed() && !sizes.in_place && policy == ActivationPolicy::Keep &&
          layer.kind().traits.backward_window != WindowUse::None;
@@ -99,6 +110,30 @@ class StepWalk {
            const std::vector<char>& gradient, StepSink& sink)
       : config_(config), m_(m), z_(sizes), policy_(policies), gradient_(gradient), sink_(sink) {
     if (gradient_.empty()) gradient_ = gradient_flow(m);
+  }
+
+  // One batch of inference (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp).
+  void run_inference(const ShardPlan& plan, int rank, Inference kind) {
+    inference_ = true;
+    const int L = layers();
+    begin(A::Hold);
+    alloc(K::Params, uint64_t(m_.param_count(false)) * kFloat);
+    alloc(K::Workspace, z_.conv_scratch);  // reserved with the layers
+    begin(A::LoadBatch);
+    alloc(K::Activations, z_.input);  // the image tile is an activation here: freed once read
+    for (int l = 0; l < L; ++l) {
+      begin(A::Forward, l);
+      forward(l);
+      for (size_t k = 0; k < inputs(l).size(); ++k) {
+        const int t = inputs(l)[k];
+        if (!first_mention(l, k) || m_.last_reader(t) != l) continue;
+        begin(A::Free, t);
+        release(K::Activations, act_bytes(t));
+      }
+    }
+    if (kind == Inference::Predict) send_output(plan, rank);
+    begin(A::EndMicroBatch);
+    release(K::Activations, act_bytes(L));
   }
 
   void run() {
@@ -195,17 +230,49 @@ class StepWalk {
     alloc(K::Workspace, padded_);
   }
 
+  // A layer's forward. Training keeps the gathered inputs for backward, and the extended
+  // input where the policy says; inference frees both once the output is made.
   void forward(int l) {
-    for (uint64_t whole : at(l).gathered) alloc(K::Activations, whole);  // Layer::gather_inputs, kept for backward
+    const K saved = inference_ ? K::Transient : K::Activations;
+    for (uint64_t whole : at(l).gathered) alloc(saved, whole);  // Layer::gather_inputs
     const bool w = windowed(l);
     uint64_t ext = 0;
-    if (w) ext = gather(l, K::Activations);
+    if (w) ext = gather(l, saved);
     alloc(K::Transient, at(l).inner);  // a separable conv's inner tensor, for its forward only
     alloc(K::Activations, act_bytes(l + 1));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     release(K::Transient, at(l).inner);
-    if (w && !keeps_ext(l)) release(K::Activations, ext);
-    where_[l + 1] = Where::Device;
+    if (w && (inference_ || !keeps_ext(l))) release(saved, ext);
+    if (inference_)
+      for (uint64_t whole : at(l).gathered) release(saved, whole);
+    else
+      where_[l + 1] = Where::Device;
+  }
+
+  // InferenceWorker::predict: in rank order, every rank whose output counts sends it to rank
+  // 0 in bands of rows (a classifier's output is its group's); rank 0 takes its own the same
+  // way. A whole batch of images.
+  void send_output(const ShardPlan& plan, int rank) {
+    begin(A::SendOutput);
+    const int L = layers(), C = m_.output().c, b = local_batch(config_, plan);
+    for (int r = 0; r < plan.world(); ++r) {
+      if (!m_.spatial_output() && plan.shard_of(r) != 0) continue;
+      if (rank != 0 && rank != r) continue;
+      if (!m_.spatial_output()) {
+        alloc(K::Transient, uint64_t(b) * C * kFloat);
+        release(K::Transient, uint64_t(b) * C * kFloat);
+        continue;
+      }
+      const Rect tile = plan.owned_output(L - 1, r);
+      const int rows = tile.rows.size(), cols = tile.cols.size();
+      const int per_band = std::min(rows, prediction_band_rows(C, cols));
+      for (int i = 0; i < b; ++i)
+        for (int r0 = 0; r0 < rows; r0 += per_band) {
+          const uint64_t band = uint64_t(C) * std::min(per_band, rows - r0) * cols * kFloat;
+          alloc(K::Transient, band);
+          release(K::Transient, band);
+        }
+    }
   }
 
   // Trainer::prefetch: device memory for an offloaded activation, copied back beside compute.
@@ -375,6 +442,7 @@ class StepWalk {
   StepSink& sink_;
   std::vector<Where> where_;
   std::vector<bool> has_grad_;  // per tensor: a gradient of it is on the device
+  bool inference_ = false;      // walking inference's forward, not a training step
   int leaving_ = -1;            // offloaded, its device copy freed after the next layer's forward
   bool cuda_workspace_ = false;
   uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
@@ -404,9 +472,11 @@ const char* memory_kind_name(MemoryKind kind) {
 }
 
 const char* step_action_name(StepAction action) {
-  static const char* const names[] = {"hold",        "load_batch", "forward",        "stash",         "finish_offload",
-                                      "loss_gradient", "prefetch", "restore",        "recompute",     "backward",
-                                      "skip_backward", "end_micro_batch", "sum_gradients", "all_reduce", "update"};
+  static const char* const names[] = {
+      "hold",     "load_batch",    "forward",   "stash",       "finish_offload",  "loss_gradient",
+      "prefetch", "restore",       "recompute", "backward",    "skip_backward",   "free",
+      "send_output", "end_micro_batch", "sum_gradients", "all_reduce", "update"};
+  static_assert(sizeof(names) / sizeof(names[0]) == size_t(StepAction::Update) + 1, "a name per action");
   return names[int(action)];
 }
 
@@ -422,6 +492,21 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   s.micro_batches = config.training.accumulate;
   Recorder recorder(s);
   walk_training_step(config, plan.model, rank_sizes(config, plan, rank), policies, gradient, recorder);
+  return s;
+}
+
+void walk_inference(const Config& config, const ShardPlan& plan, int rank, Inference kind, StepSink& sink) {
+  const RankSizes sizes = rank_sizes(config, plan, rank, ConvUse::Inference);
+  const LayerPolicies keep(plan.model.layers.size(), ActivationPolicy::Keep);
+  StepWalk(config, plan.model, sizes, keep, {}, sink).run_inference(plan, rank, kind);
+}
+
+StepSchedule inference_schedule(const Config& config, const ShardPlan& plan, int rank, Inference kind) {
+  StepSchedule s;
+  s.rank = rank;
+  Recorder recorder(s);
+  walk_inference(config, plan, rank, kind, recorder);
+  s.micro_end = s.ops.size();
   return s;
 }
 

@@ -73,7 +73,7 @@ struct RankSizes {
   bool staged = false;
   std::vector<LayerSizes> layers;
 };
-RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank);
+RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use = ConvUse::Training);
 
 // Whether a windowed layer keeps its halo-extended input from forward to backward (under
 // keep, when its backward reads it and it is not the input itself).
@@ -115,7 +115,10 @@ enum class StepAction : uint8_t {
                   // each input's; its output and the output gradient go
   SkipBackward,   // no gradient reaches layer `index` (nothing before it trains): what its
                   // forward kept goes
+  Free,           // inference: tensor `index` was read for the last time and goes
+  SendOutput,     // predict: the output goes to rank 0 in bands of rows
   EndMicroBatch,  // the micro-batch's tiles and its activations left in the host pool go
+                  // (inference: the batch's output)
   SumGradients,   // accumulate > 1: the micro-batch's weight gradients into their running sum
   AllReduce,      // every weight gradient summed over ranks, in rank order
   Update,         // the optimizer step
@@ -131,7 +134,8 @@ struct StepOp {
 };
 
 // ops[0] is Hold; ops[micro_begin, micro_end) are one micro-batch, run `micro_batches`
-// times (training.accumulate); the rest end the step.
+// times (training.accumulate); the rest end the step. An inference schedule is one batch
+// (a round of evaluate or predict, or of validation during training): ops[1, end).
 struct StepSchedule {
   int rank = 0;
   int micro_batches = 1;
@@ -158,5 +162,20 @@ void walk_training_step(const Config& config, const ModelSpec& model, const Rank
 // The schedule of `rank`, as the trainer runs it.
 StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int rank, const LayerPolicies& policies,
                                const std::vector<char>& gradient = {});
+
+// Inference: evaluate and validation (the forward in inference mode, each tensor freed once
+// its last reader has read it), and predict (then the output to rank 0 in bands). A batch
+// of the local batch size; the weights without gradients or optimizer state.
+enum class Inference { Evaluate, Predict };
+void walk_inference(const Config& config, const ShardPlan& plan, int rank, Inference kind, StepSink& sink);
+StepSchedule inference_schedule(const Config& config, const ShardPlan& plan, int rank, Inference kind);
+
+// Prediction moves each output tile to rank 0 in bands of rows of at most this many bytes
+// (at least one row).
+constexpr uint64_t kPredictionBandBytes = uint64_t(16) << 20;
+int prediction_band_rows(int channels, int cols);
+
+// kConvWorkspaceLimit (kernels/device_memory.hpp) when the backend is CUDA and the model has a convolution, else 0.
+uint64_t cudnn_workspace_bytes(const Config& config, const ModelSpec& model);
 
 }  // namespace ht

@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """The worker executes the step schedule: what a real step allocates equals the plan's.
 
+Training: `halotrain train --trace-memory`; inference: `halotrain predict --trace-memory`
+(its first batch) against `plan --mode predict --schedule`.
+
 For each case, `halotrain train --trace-memory` records every allocation and free of
 every rank's device allocator and host pool during the run's second step, under the
 step schedule's operation that made it; `halotrain plan --schedule --json --rank R`
@@ -68,9 +71,41 @@ def environment(changes):
     return env
 
 
-def run_case(tag, config, overrides, ranks, mpi=False, train_env=None, plan_env=None):
+def compare(tag, rank, plan_args, trace_path, env=None):
+    """The schedule `plan ... --schedule --json --rank R` prints against a trace file."""
+    q = subprocess.run([BIN, "plan", *plan_args, "--schedule", "--json", "--rank", str(rank)],
+                       capture_output=True, text=True, timeout=120, env=environment(env or {}))
+    if not check(f"{tag} rank {rank}: plan --schedule", q.returncode == 0, q.stderr[-2000:]):
+        return
+    schedule = json.loads(q.stdout)
+    with open(trace_path) as f:
+        trace = json.load(f)
+    want = expected_ops(schedule)
+    got = [(o["action"], o["index"], [tuple(e) for e in o["events"]]) for o in trace["ops"]]
+    check(f"{tag} rank {rank}: {len(got)} operations, {sum(len(o[2]) for o in got)} allocations and frees, "
+          f"as scheduled", want == got, first_difference(want, got))
+    check(f"{tag} rank {rank}: held at the start as scheduled",
+          held(schedule) == (trace["held"], trace["host_held"]),
+          f"schedule {held(schedule)}, trace {(trace['held'], trace['host_held'])}")
+
+
+def predict_case(tag, config, args, ranks, images):
+    """predict --trace-memory's first batch against `plan --mode predict --schedule`."""
+    run_dir = os.path.join(WORK, tag)
+    p = subprocess.run([BIN, "predict", config, *args, "--checkpoint", os.path.join(run_dir, "checkpoints", "ckpt-2.h5"),
+                        "--input", images, "--output", os.path.join(run_dir, "predictions.h5"), "--trace-memory"],
+                       capture_output=True, text=True, timeout=600)
+    if not check(f"{tag}: predict exits 0", p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]):
+        return
+    for rank in range(ranks):
+        compare(f"{tag} predict", rank, [config, *args, "--mode", "predict"],
+                os.path.join(run_dir, f"memory-trace-predict-{rank}.json"))
+
+
+def run_case(tag, config, overrides, ranks, mpi=False, train_env=None, plan_env=None, predict_from=None):
     """Trains under `train_env` (a rank's environment), plans under `plan_env` (where the job
-    is planned); both default to this one."""
+    is planned); both default to this one. `predict_from`: then predicts the images of this
+    file with the final checkpoint and compares that too."""
     run_dir = os.path.join(WORK, tag)
     args = sets([f"run_dir={run_dir}", "training.steps=2", "checkpoint.resume=never", "training.validate_every=0",
                  "checkpoint.every_steps=0"] + overrides)
@@ -80,20 +115,9 @@ def run_case(tag, config, overrides, ranks, mpi=False, train_env=None, plan_env=
     if not check(f"{tag}: train exits 0", p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]):
         return
     for rank in range(ranks):
-        q = subprocess.run([BIN, "plan", config, *args, "--schedule", "--json", "--rank", str(rank)],
-                           capture_output=True, text=True, timeout=120, env=environment(plan_env or {}))
-        if not check(f"{tag} rank {rank}: plan --schedule", q.returncode == 0, q.stderr[-2000:]):
-            continue
-        schedule = json.loads(q.stdout)
-        with open(os.path.join(run_dir, f"memory-trace-{rank}.json")) as f:
-            trace = json.load(f)
-        want = expected_ops(schedule)
-        got = [(o["action"], o["index"], [tuple(e) for e in o["events"]]) for o in trace["ops"]]
-        check(f"{tag} rank {rank}: {len(got)} operations, {sum(len(o[2]) for o in got)} allocations and frees, "
-              f"as scheduled", want == got, first_difference(want, got))
-        check(f"{tag} rank {rank}: held at the step's start as scheduled",
-              held(schedule) == (trace["held"], trace["host_held"]),
-              f"schedule {held(schedule)}, trace {(trace['held'], trace['host_held'])}")
+        compare(tag, rank, [config, *args], os.path.join(run_dir, f"memory-trace-{rank}.json"), plan_env)
+    if predict_from:
+        predict_case(tag, config, args, ranks, predict_from)
 
 
 def plan_inputs_checks(demo, small):
@@ -133,10 +157,12 @@ def main():
              "data.synthesize={count: 8, height: 256, width: 192, channels: 1, classes: 2}",
              "model.input=[256, 192, 1]", "training.batch_size=4"]
     for policy in ("keep", "offload", "recompute"):
-        run_case(f"demo-2x1-{policy}", demo, small + [f"parallel.activations={policy}"], 2)
+        run_case(f"demo-2x1-{policy}", demo, small + [f"parallel.activations={policy}"], 2,
+                 predict_from=os.path.join(WORK, "demo.h5") if policy == "keep" else None)
     run_case("demo-2x2-offload-accumulate", demo,
              small + ["parallel.grid=[2, 2]", "parallel.activations=offload", "training.accumulate=2"], 4)
-    run_case("demo-2x2-recompute", demo, small + ["parallel.grid=[2, 2]", "parallel.activations=recompute"], 4)
+    run_case("demo-2x2-recompute", demo, small + ["parallel.grid=[2, 2]", "parallel.activations=recompute"], 4,
+             predict_from=os.path.join(WORK, "demo.h5"))
     run_case("demo-2x1-offload-mpirun", demo, small + ["parallel.activations=offload"], 2, mpi=True)
     # The plan's inputs are the config: a "login node" (another CPU count, OpenMP, MPI and
     # Slurm variables, oneDNN capped at SSE4.1) plans the schedule the ranks run, once
@@ -154,7 +180,8 @@ def main():
     for policy in ("keep", "recompute"):
         run_case(f"unet-2x1-{policy}", unet,
                  [f"data.train={os.path.join(WORK, 'unet.h5')}", "data.validation=", "training.batch_size=2",
-                  f"parallel.activations={policy}", "parallel.grid=[2, 1]"], 2)
+                  f"parallel.activations={policy}", "parallel.grid=[2, 1]"], 2,
+                 predict_from=os.path.join(WORK, "unet.h5") if policy == "keep" else None)
     # Residual blocks on an uneven grid; EfficientNet's depthwise convs, squeeze-excite and
     # its gathered tail. Both CUDA configs, on the CPU at a small size.
     small = ["parallel.backend=cpu", "parallel.device_memory=4GiB", "model.input=[371,296,1]",
@@ -163,7 +190,8 @@ def main():
              small + [f"data.train={os.path.join(WORK, 'resnet.h5')}", "data.validation=", "parallel.grid=[3, 2]",
                       "parallel.activations=recompute"], 6)
     run_case("efficientnet-3x1", os.path.join(ROOT, "configs", "efficientnet-mammo.yaml"),
-             small + [f"data.train={os.path.join(WORK, 'effnet.h5')}", "data.validation=", "parallel.grid=[3, 1]"], 3)
+             small + [f"data.train={os.path.join(WORK, 'effnet.h5')}", "data.validation=", "parallel.grid=[3, 1]"], 3,
+             predict_from=os.path.join(WORK, "effnet.h5"))
     print(f"{sum(RESULTS)}/{len(RESULTS)} checks passed")
     return 0 if all(RESULTS) else 1
 

@@ -524,15 +524,19 @@ std::map<std::string, LayerFactory> basic_layer_kernels() {
           {"concatenate", layer_factory<ConcatenateLayer>()}};
 }
 
-Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x) {
+Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, const StepSchedule& schedule, Tensor x,
+                         const std::function<void(const StepOp&)>& on_op) {
   if (layers.empty()) return x;
   const ModelSpec& m = layers[0]->model();
   std::vector<Tensor> acts(layers.size() + 1);
   acts[0] = std::move(x);
-  for (size_t l = 0; l < layers.size(); ++l) {
-    acts[l + 1] = layers[l]->forward(inputs_of(m, int(l), acts), ForwardMode::Eval);
-    for (int t : m.layers[l].inputs)
-      if (m.last_reader(t) == int(l)) acts[t].release();
+  for (const StepOp& op : schedule.ops) {
+    if (op.action != StepAction::Forward && op.action != StepAction::Free) continue;
+    if (on_op) on_op(op);
+    if (op.action == StepAction::Forward)
+      acts[op.index + 1] = layers[op.index]->forward(inputs_of(m, op.index, acts), ForwardMode::Eval);
+    else
+      acts[op.index].release();
   }
   return std::move(acts.back());
 }

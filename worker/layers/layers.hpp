@@ -156,9 +156,12 @@ std::map<std::string, LayerFactory> basic_layer_kernels();
 // build: a run refuses it at start-up, before any rank starts.
 void check_layer_kernels(const ModelSpec& model);
 
-// The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: each
-// activation is freed once its last reader has read it. Returns the owned output.
-Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, Tensor x);
+// The sharded forward in inference mode (ForwardMode::Eval) from the input tile `x`: the
+// Forward and Free operations of an inference schedule (orchestrator/step_schedule.hpp
+// inference_schedule), each activation freed once its last reader has read it. `on_op`
+// sees each operation before it runs. Returns the owned output.
+Tensor forward_inference(const std::vector<std::unique_ptr<Layer>>& layers, const StepSchedule& schedule, Tensor x,
+                         const std::function<void(const StepOp&)>& on_op = {});
 
 // The inputs of `layer` among the step's tensors (0 the image, l + 1 layer l's output).
 LayerInputs inputs_of(const ModelSpec& model, int layer, const std::vector<Tensor>& tensors);

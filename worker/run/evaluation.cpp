@@ -172,13 +172,14 @@ MetricValues MetricsAccumulator::finish(Comm& world) {
   return out;
 }
 
-MetricValues evaluate_file(const std::vector<std::unique_ptr<Layer>>& layers, ComputeBackend& backend,
-                           BatchSource& data, const Config& config, const ShardPlan& plan, int rank, Comm& world) {
+MetricValues evaluate_file(const std::vector<std::unique_ptr<Layer>>& layers, const StepSchedule& schedule,
+                           ComputeBackend& backend, BatchSource& data, const Config& config, const ShardPlan& plan,
+                           int rank, Comm& world) {
   MetricsAccumulator metrics(config, plan, rank, data.samples());
   std::vector<float> host;
   for (int64_t round = 0; round < data.rounds(); ++round) {
     Batch batch = data.load_round(round);
-    const Tensor y = forward_inference(layers, std::move(batch.images));
+    const Tensor y = forward_inference(layers, schedule, std::move(batch.images));
     host.resize(y.size());
     backend.to_host(host.data(), y.data(), y.bytes());
     metrics.add(host, batch);

@@ -45,8 +45,10 @@ class MetricsAccumulator {
   std::vector<double> scores_, labels_, seen_;  // auc: per image of the file
 };
 
-// Collective: `layers` in inference mode over every image of `data` (DataPurpose::Evaluate).
-MetricValues evaluate_file(const std::vector<std::unique_ptr<Layer>>& layers, ComputeBackend& backend,
-                           BatchSource& data, const Config& config, const ShardPlan& plan, int rank, Comm& world);
+// Collective: `layers` in inference mode over every image of `data` (DataPurpose::Evaluate),
+// each batch the rank's inference schedule (Inference::Evaluate).
+MetricValues evaluate_file(const std::vector<std::unique_ptr<Layer>>& layers, const StepSchedule& schedule,
+                           ComputeBackend& backend, BatchSource& data, const Config& config, const ShardPlan& plan,
+                           int rank, Comm& world);
 
 }  // namespace ht

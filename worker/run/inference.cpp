@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "orchestrator/files.hpp"
 #include "orchestrator/memory_model.hpp"
@@ -17,6 +18,7 @@
 #include "worker/run/checkpoint.hpp"
 #include "worker/run/checkpoint_dir.hpp"
 #include "worker/run/launcher.hpp"
+#include "worker/run/memory_trace.hpp"
 #include "worker/run/run_report.hpp"
 #include "worker/runtime/log.hpp"
 
@@ -70,8 +72,12 @@ void check_input_file(const std::string& path, const char* flag) {
 class InferenceWorker {
  public:
   InferenceWorker(const Config& config, const ShardPlan& plan, int rank, Comm& world, const BackendOptions& options,
-                  const DeviceWorldFactory& device_world, const Weights& checkpoint)
-      : config_(config), plan_(plan), rank_(rank), policies_(plan.model.layers.size(), ActivationPolicy::Keep) {
+                  const DeviceWorldFactory& device_world, const Weights& checkpoint, Inference kind)
+      : config_(config),
+        plan_(plan),
+        rank_(rank),
+        policies_(plan.model.layers.size(), ActivationPolicy::Keep),
+        schedule_(inference_schedule(config, plan, rank, kind)) {
     backend_ = make_backend(options);
     if (device_world) device_world_ = device_world(*backend_);
     world_ = device_world_ ? device_world_.get() : &world;
@@ -101,15 +107,19 @@ class InferenceWorker {
     return p;
   }
 
-  MetricValues evaluate(BatchSource& data) { return evaluate_file(layers_, *backend_, data, config_, plan_, rank_, *world_); }
+  MetricValues evaluate(BatchSource& data) {
+    return evaluate_file(layers_, schedule_, *backend_, data, config_, plan_, rank_, *world_);
+  }
 
-  void predict(BatchSource& data, PredictionSink* out);
+  // `trace`: records the first batch (`predict --trace-memory`); null: none.
+  void predict(BatchSource& data, PredictionSink* out, MemoryTrace* trace);
 
  private:
   const Config& config_;
   const ShardPlan& plan_;
   int rank_;
   LayerPolicies policies_;
+  StepSchedule schedule_;  // a batch's operations
   int64_t step_ = 0;
   std::unique_ptr<ComputeBackend> backend_;  // declared first: destroyed last
   std::unique_ptr<Comm> device_world_;
@@ -119,7 +129,14 @@ class InferenceWorker {
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 
-void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
+// The operation of schedule_ that `action` names (one each of LoadBatch, SendOutput, EndMicroBatch).
+const StepOp& op_of(const StepSchedule& schedule, StepAction action) {
+  for (const StepOp& op : schedule.ops)
+    if (op.action == action) return op;
+  throw std::logic_error(std::string("the inference schedule has no ") + step_action_name(action));
+}
+
+void InferenceWorker::predict(BatchSource& data, PredictionSink* out, MemoryTrace* trace) {
   const ModelSpec& m = plan_.model;
   const int L = int(m.layers.size());
   const bool spatial = m.spatial_output();
@@ -127,8 +144,15 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
   const int64_t N = data.samples();
   const int b = data.micro_batch();
   for (int64_t round = 0; round < data.rounds(); ++round) {
+    MemoryTrace* traced = round == 0 ? trace : nullptr;
+    auto begin = [traced](const StepOp& op) {
+      if (traced) traced->begin(op);
+    };
+    if (traced) traced->start(backend_->allocator(), backend_->host_pool());
+    begin(op_of(schedule_, StepAction::LoadBatch));
     Batch batch = data.load_round(round);
-    const Tensor y = forward_inference(layers_, std::move(batch.images));
+    Tensor y = forward_inference(layers_, schedule_, std::move(batch.images), begin);
+    begin(op_of(schedule_, StepAction::SendOutput));
     // Every rank whose output counts sends it to rank 0 in bands of rows, in rank order;
     // rank 0 takes its own the same way, so one rule sizes every band.
     for (int r = 0; r < world_->size(); ++r) {
@@ -173,6 +197,10 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out) {
           }
         }
     }
+    begin(op_of(schedule_, StepAction::EndMicroBatch));
+    y.release();
+    if (traced)
+      traced->finish(fmt::format("{}/memory-trace-predict-{}.json", config_.run_dir, rank_), rank_);
   }
 }
 
@@ -212,7 +240,7 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Evaluate).total;
   bool root = false;  // this process holds rank 0 (under MPI, one process does)
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
-    InferenceWorker worker(config, plan, rank, world, backend, dw, weights);
+    InferenceWorker worker(config, plan, rank, world, backend, dw, weights, Inference::Evaluate);
     BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Evaluate, result.data);
     MetricValues values = worker.evaluate(source);
     const uint64_t peak = max_of(worker.peaks());
@@ -235,7 +263,7 @@ EvaluationResult run_evaluation(const Config& config, const std::string& checkpo
 }
 
 PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,
-                                const std::string& output, bool float32) {
+                                const std::string& output, bool float32, bool trace_memory) {
   const ModelSpec model = build_model_spec(config);
   check_input_file(input, "--input");
   const Weights ckpt = choose_checkpoint(config, model, checkpoint);
@@ -243,7 +271,7 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
   PredictionResult result;
   result.predicted_peak_device_bytes = estimate_inference_memory_max(config, plan, Inference::Predict).total;
   run_workers(config, plan, [&](int rank, Comm& world, const BackendOptions& backend, const DeviceWorldFactory& dw) {
-    InferenceWorker worker(config, plan, rank, world, backend, dw, ckpt);
+    InferenceWorker worker(config, plan, rank, world, backend, dw, ckpt, Inference::Predict);
     BatchSource source(config, plan, rank, worker.backend(), DataPurpose::Predict, input);
     const Shape3 o = model.output();
     const bool spatial = model.spatial_output();
@@ -262,7 +290,9 @@ PredictionResult run_prediction(const Config& config, const std::string& checkpo
       }
       out = open_prediction_output(output, input, layout);
     }
-    worker.predict(source, out.get());
+    std::optional<MemoryTrace> trace;
+    if (trace_memory) trace.emplace(0);
+    worker.predict(source, out.get(), trace ? &*trace : nullptr);
     const uint64_t peak = max_of(worker.peaks());
     if (rank != 0) return;
     out->commit();

@@ -34,8 +34,10 @@ struct PredictionResult {
 // ([N, H', W', C'] probabilities of a fully convolutional model, or [N, K] of a classifier:
 // the sigmoid of one output, the softmax of several; float32, chunked), or a directory of
 // BigTIFFs (uint8, and float32 ones with `float32`) or a classifier's scores.csv. Every
-// rank's output tile goes to rank 0 in bands of rows, which writes them.
+// rank's output tile goes to rank 0 in bands of rows, which writes them. `trace_memory`:
+// every allocation and free of the first batch to run_dir/memory-trace-predict-RANK.json,
+// under the operations of `plan --mode predict --schedule`.
 PredictionResult run_prediction(const Config& config, const std::string& checkpoint, const std::string& input,
-                                const std::string& output, bool float32 = false);
+                                const std::string& output, bool float32 = false, bool trace_memory = false);
 
 }  // namespace ht

@@ -86,9 +86,11 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
       throw ConfigError(fmt::format("resume: data.train {} is not the data {} was trained on ({}); restore it, or "
                                     "start a new run (a new run_dir, or checkpoint.resume: never)",
                                     config.data.train, resume, changed));
-  if (!config.data.validation.empty())
+  if (!config.data.validation.empty()) {
     validation_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_, DataPurpose::Evaluate,
                                                 config.data.validation);
+    validation_schedule_ = inference_schedule(config, plan_, rank, Inference::Evaluate);
+  }
   // Rank 0 writes the checkpoints. It claims the run directory once every input checked
   // out, so a run refused for its device, weights or data leaves nothing behind.
   if (rank == 0) {
@@ -227,7 +229,8 @@ double Trainer::learning_rate(int64_t step) const {
 
 MetricValues Trainer::validate() {
   counting_world_->set_counting(false);  // the halo figures are of training steps
-  MetricValues values = evaluate_file(layers_, *backend_, *validation_, config_, plan_, rank_, *world_);
+  MetricValues values =
+      evaluate_file(layers_, validation_schedule_, *backend_, *validation_, config_, plan_, rank_, *world_);
   counting_world_->set_counting(true);
   return values;
 }

@@ -118,6 +118,7 @@ class Trainer {
   std::vector<char> gradient_;  // per tensor, this step: whether the backward makes its gradient
   bool released_ = false;       // training.unfreeze_at has passed
   StepSchedule schedule_;       // this rank's step, for frozen_ and gradient_
+  StepSchedule validation_schedule_;  // a batch of data.validation
   std::unique_ptr<MemoryTrace> trace_;  // --trace-memory
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
