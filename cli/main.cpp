@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "importer/keras_import.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/plan.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/submit.hpp"

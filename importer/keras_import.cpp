@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "worker/io/h5.hpp"

@@ -261,20 +261,10 @@ struct Config {
   std::string text;         // the YAML as read, after --set overrides (stored in checkpoints)
 };
 
-// Parses and validates `path` with `--set key.path=value` overrides applied in order.
-// Throws ConfigError with one clear message on any problem.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-
-// Same, from YAML text already in memory; `source_name` is used in messages.
-Config parse_config(const std::string& yaml_text, const std::string& source_name,
-                    const std::vector<std::string>& overrides = {});
-
 // Parses "11441MiB", "2GB", "512" (bytes) ... Throws std::invalid_argument.
 uint64_t parse_size(const std::string& text);
 std::string format_size(uint64_t bytes);  // "11.17 GiB" style
-
-// The config with every default filled in, as YAML (logged once at start).
-std::string to_yaml(const Config& config);
+std::string exact_size(uint64_t bytes);   // "11441MiB": what parse_size reads back exactly
 
 // Seconds of a Slurm time limit (slurm.time): -1 for UNLIMITED/INFINITE; nullopt when
 // Slurm would reject the text.

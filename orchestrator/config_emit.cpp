@@ -1,4 +1,4 @@
-// Spellings, sizes and the resolved config as YAML.
+// The resolved config as YAML.
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
@@ -6,126 +6,12 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/layer_kind.hpp"
 
 namespace ht {
 
-const char* to_string(PaddingMode m) {
-  switch (m) {
-    case PaddingMode::Explicit: return "explicit";
-    case PaddingMode::Same: return "same";
-    case PaddingMode::Valid: return "valid";
-  }
-  return "?";
-}
-
-const char* to_string(LossType t) {
-  switch (t) {
-    case LossType::SoftmaxCrossEntropy: return "softmax_cross_entropy";
-    case LossType::SigmoidBCE: return "sigmoid_bce";
-    case LossType::MSE: return "mse";
-  }
-  return "?";
-}
-
-const char* to_string(OptimizerType t) { return t == OptimizerType::Adam ? "adam" : "sgd"; }
-const char* to_string(Backend b) { return b == Backend::CPU ? "cpu" : "cuda"; }
-
-const char* to_string(ActivationPolicy p) {
-  switch (p) {
-    case ActivationPolicy::Auto: return "auto";
-    case ActivationPolicy::Keep: return "keep";
-    case ActivationPolicy::Offload: return "offload";
-    case ActivationPolicy::Recompute: return "recompute";
-  }
-  return "?";
-}
-
-const char* to_string(RecycleMode m) { return m == RecycleMode::InProcess ? "in_process" : "restart"; }
-
-const char* to_string(Metric m) {
-  switch (m) {
-    case Metric::Accuracy: return "accuracy";
-    case Metric::AUC: return "auc";
-    case Metric::Dice: return "dice";
-    case Metric::IoU: return "iou";
-  }
-  return "?";
-}
-
-const char* to_string(ScheduleType t) {
-  switch (t) {
-    case ScheduleType::Constant: return "constant";
-    case ScheduleType::Cosine: return "cosine";
-    case ScheduleType::Step: return "step";
-    case ScheduleType::Plateau: return "plateau";
-  }
-  return "?";
-}
-
 namespace {
-
-struct Unit {
-  const char* name;
-  uint64_t bytes;
-};
-// Largest first, so to_yaml picks the largest unit that divides exactly.
-const Unit kUnits[] = {{"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10},
-                       {"TB", 1000000000000ull}, {"GB", 1000000000ull}, {"MB", 1000000ull}, {"KB", 1000ull},
-                       {"B", 1ull}};
-
-}  // namespace
-
-uint64_t parse_size(const std::string& text) {
-  size_t b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");
-  const std::string s = b == std::string::npos ? "" : text.substr(b, e - b + 1);
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  const std::string number = s.substr(0, i);
-  size_t j = i;
-  while (j < s.size() && s[j] == ' ') ++j;
-  const std::string unit = s.substr(j);
-  if (number.empty() || number.front() == '.' || number.back() == '.' ||
-      number.find('.') != number.rfind('.'))
-    throw std::invalid_argument(fmt::format("'{}' does not start with a number", text));
-  uint64_t scale = 0;
-  if (unit.empty()) scale = 1;
-  for (const Unit& u : kUnits)
-    if (unit == u.name) scale = u.bytes;
-  if (scale == 0)
-    throw std::invalid_argument(
-        fmt::format("unknown unit '{}'; expected B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", unit));
-  if (number.find('.') == std::string::npos) {
-    if (number.size() > 20) throw std::invalid_argument(fmt::format("'{}' is too large", text));
-    const unsigned long long n = std::stoull(number);
-    if (n > UINT64_MAX / scale) throw std::invalid_argument(fmt::format("'{}' is too large", text));
-    return n * scale;
-  }
-  if (scale == 1) throw std::invalid_argument(fmt::format("'{}' is a fraction of a byte", text));
-  const long double v = std::stold(number) * scale;
-  if (v >= 18446744073709551615.0L) throw std::invalid_argument(fmt::format("'{}' is too large", text));
-  return uint64_t(std::llround(static_cast<double>(v)));
-}
-
-std::string format_size(uint64_t bytes) {
-  static const char* names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return fmt::format("{} B", bytes);
-  double v = double(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) v /= 1024, ++u;
-  return fmt::format("{:.2f} {}", v, names[u]);
-}
-
-namespace {
-
-// Exact, so that parsing it gives the same number of bytes back.
-std::string exact_size(uint64_t bytes) {
-  if (bytes == 0) return "0";
-  for (const Unit& u : kUnits)
-    if (u.bytes > 1 && bytes % u.bytes == 0) return fmt::format("{}{}", bytes / u.bytes, u.name);
-  return fmt::format("{}", bytes);
-}
 
 // Shortest text that reads back as the same double, always with a '.' or exponent.
 std::string num(double v) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/process.hpp"
 #include "orchestrator/slurm.hpp"

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 
 namespace ht::testing {
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/model_spec.hpp"
 
 #include "common/config_support.hpp"

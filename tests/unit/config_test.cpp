@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/layer_kind.hpp"
 

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/shard_plan.hpp"
 #include "worker/io/data_reader.hpp"

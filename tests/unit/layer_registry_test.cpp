@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/layer_kind.hpp"
 #include "worker/io/keras_h5.hpp"
 #include "worker/layers/layers.hpp"

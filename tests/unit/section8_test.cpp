@@ -11,6 +11,7 @@
 
 #include "common/config_support.hpp"
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "worker/io/data_reader.hpp"
 #include "worker/io/h5.hpp"

@@ -11,6 +11,7 @@
 #include <functional>
 #include <sstream>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/process.hpp"
 #include "orchestrator/slurm.hpp"
 #include "orchestrator/submit.hpp"

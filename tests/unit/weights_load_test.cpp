@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "orchestrator/config.hpp"
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "worker/io/keras_h5.hpp"
 #include "worker/layers/params.hpp"

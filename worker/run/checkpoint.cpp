@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/files.hpp"
 #include "orchestrator/layer_kind.hpp"
 #include "worker/io/finite.hpp"

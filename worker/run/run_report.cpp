@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "orchestrator/config_io.hpp"
 #include "orchestrator/files.hpp"
 #include "worker/io/data_reader.hpp"
 #include "worker/io/h5.hpp"
