@@ -168,21 +168,5 @@ LayerConfig make_layer_config(const std::string& type, const std::vector<std::pa
   return l;
 }
 
-void set_windows(LayerSpec& l, const LayerConfig& c, const char* kernel_key, int dilation_h, int dilation_w,
-                 bool ceil_mode) {
-  const std::array<int, 2> k = c.pair(kernel_key), s = c.pair("stride");
-  const Padding& p = c.padding("padding");
-  l.rows = make_window(l.in.h, k[0], s[0], dilation_h, p.mode, p.top, p.bottom, ceil_mode);
-  l.cols = make_window(l.in.w, k[1], s[1], dilation_w, p.mode, p.left, p.right, ceil_mode);
-  if (l.rows.out < 1 || l.cols.out < 1) {
-    const int pad_h = p.mode == PaddingMode::Explicit ? p.top + p.bottom : 0;
-    const int pad_w = p.mode == PaddingMode::Explicit ? p.left + p.right : 0;
-    throw LayerShapeError(fmt::format(
-        "window {}x{} (dilation {}x{}) with padding {} does not fit its {}x{} input; expected an input of at least "
-        "{}x{} pixels",
-        k[0], k[1], dilation_h, dilation_w, describe_value(p), l.in.h, l.in.w,
-        std::max(l.rows.span() - pad_h, 1), std::max(l.cols.span() - pad_w, 1)));
-  }
-}
 
 }  // namespace ht

@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "orchestrator/config.hpp"
-#include "orchestrator/model_spec.hpp"
 
 namespace ht {
+
+struct LayerSpec;  // orchestrator/model_spec.hpp: what a kind computes its shape into
 
 // How one key of a layer is read and checked.
 enum class KeyType {
@@ -109,11 +110,5 @@ LayerConfig make_layer_config(const std::string& type,
 
 // "16", "same", "true", "0.3": a value as the model hash spells it.
 std::string describe_value(const LayerValue& value);
-
-// Window geometry for the window kinds (make_window along both axes) from the layer's
-// `kernel_key` ([h, w]), `stride` and `padding` keys; throws LayerShapeError when the window
-// does not fit the input.
-void set_windows(LayerSpec& layer, const LayerConfig& config, const char* kernel_key, int dilation_h, int dilation_w,
-                 bool ceil_mode = false);
 
 }  // namespace ht

@@ -6,6 +6,17 @@
 #include <vector>
 
 #include "orchestrator/layer_kind.hpp"
+#include "orchestrator/model_spec.hpp"
+
+namespace ht {
+
+// Window geometry for the window kinds (make_window along both axes) from the layer's
+// `kernel_key` ([h, w]), `stride` and `padding` keys; throws LayerShapeError when the window
+// does not fit the input.
+void set_windows(LayerSpec& layer, const LayerConfig& config, const char* kernel_key, int dilation_h, int dilation_w,
+                 bool ceil_mode = false);
+
+}  // namespace ht
 
 namespace ht::kinds {
 

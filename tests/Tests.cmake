@@ -103,6 +103,10 @@ ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${
 ht_script_test(memory_policies "memory" 600 memory/policies_test.py
                ${CMAKE_BINARY_DIR}/memory-policies)
 
+# The source tree's includes depend one way: no cycle between files, the worker's
+# libraries (io, runtime, comm, layers, run) include only those below them.
+ht_script_test(include_layout "unit" 60 python/include_layout_test.py)
+
 # The worker executes the step schedule: a real step's allocations and frees, traced per
 # operation, equal `plan --schedule`'s on every rank (chains, U-Net, ResNet, EfficientNet;
 # every policy, micro-batches, frozen layers).
