@@ -254,6 +254,14 @@ void channels_last(Translator& t, const KerasLayer& l) {
   if (f != "channels_last") t.unsupported(l, fmt::format("data_format {} (channels_last only)", f));
 }
 
+// The kind of a layer whose Keras class names exactly one (orchestrator/layer_kind.hpp);
+// Keras 1's Convolution2D is Conv2D.
+std::string keras_type(const KerasLayer& l) {
+  const LayerKind* k = find_keras_kind(l.class_name == "Convolution2D" ? "Conv2D" : l.class_name);
+  if (!k) throw std::logic_error("no layer kind is Keras's " + l.class_name);
+  return k->type;
+}
+
 bool last_axis(const json& axis) {
   return axis == json(-1) || axis == json(3) || axis == json::array({3}) || axis == json::array({-1});
 }
@@ -303,17 +311,14 @@ void conv(Translator& t, const KerasLayer& l, const std::vector<std::string>& in
   const bool bias = c.value("use_bias", true);
   std::vector<std::pair<std::string, LayerValue>> keys = {
       {"kernel", kernel}, {"stride", stride}, {"padding", padding_of(t, l)}};
-  std::string type = "conv2d";
+  const std::string type = keras_type(l);
   if (cls == "Conv2DTranspose") {
-    type = "conv2d_transpose";
     if (dilation != std::vector<int64_t>{1, 1}) t.unsupported(l, fmt::format("dilation_rate {}", Translator::show(c["dilation_rate"])));
     if (c.contains("output_padding") && !c["output_padding"].is_null())
       t.unsupported(l, fmt::format("output_padding {}", Translator::show(c["output_padding"])));
     keys.insert(keys.begin(), {"filters", c.at("filters").get<int64_t>()});
   } else {
     keys.push_back({"dilation", dilation});
-    if (cls == "DepthwiseConv2D") type = "depthwise_conv2d";
-    if (cls == "SeparableConv2D") type = "separable_conv2d";
     if (cls != "DepthwiseConv2D") keys.insert(keys.begin(), {"filters", c.at("filters").get<int64_t>()});
     if (cls != "Conv2D") keys.push_back({"depth_multiplier", c.value("depth_multiplier", int64_t(1))});
     if (cls == "Conv2D") keys.push_back({"groups", c.value("groups", int64_t(1))});
@@ -381,14 +386,13 @@ void pool(Translator& t, const KerasLayer& l, const std::vector<std::string>& in
   const std::vector<int64_t> stride = l.config.contains("strides") && !l.config["strides"].is_null()
                                           ? pair_of(t, l, "strides", 1)
                                           : pool;
-  t.alias(l, t.add(l, l.class_name == "MaxPooling2D" ? "max_pool2d" : "avg_pool2d", l.name,
-                   {{"pool", pool}, {"stride", stride}, {"padding", padding_of(t, l)}}, {ins[0]}));
+  t.alias(l, t.add(l, keras_type(l), l.name, {{"pool", pool}, {"stride", stride}, {"padding", padding_of(t, l)}},
+                   {ins[0]}));
 }
 
 void global_pool(Translator& t, const KerasLayer& l, const std::vector<std::string>& ins) {
   channels_last(t, l);  // keepdims or not: halotrain's channel vector either way
-  t.alias(l, t.add(l, l.class_name == "GlobalMaxPooling2D" ? "global_max_pool" : "global_avg_pool", l.name, {},
-                   {ins[0]}));
+  t.alias(l, t.add(l, keras_type(l), l.name, {}, {ins[0]}));
 }
 
 // Flatten: nothing of a vector; a 1x1 map's global average (the config says so); a larger
@@ -444,8 +448,7 @@ void join(Translator& t, const KerasLayer& l, const std::vector<std::string>& in
   if (cls == "Concatenate" && !last_axis(l.config.value("axis", json(-1))))
     t.unsupported(l, fmt::format("axis {} (the channel axis, -1 or 3)", Translator::show(l.config.value("axis", json(-1)))));
   if (ins.size() < 2) t.unsupported(l, fmt::format("reads {} layer (at least 2)", ins.size()));
-  const std::string type = cls == "Add" ? "add" : cls == "Multiply" ? "multiply" : "concatenate";
-  t.alias(l, t.add(l, type, l.name, {}, ins));
+  t.alias(l, t.add(l, keras_type(l), l.name, {}, ins));
 }
 
 void upsampling(Translator& t, const KerasLayer& l, const std::vector<std::string>& ins) {
@@ -472,7 +475,7 @@ void shift(Translator& t, const KerasLayer& l, const std::vector<std::string>& i
   if (m.size() != 4)
     t.unsupported(l, fmt::format("{} {} (an integer, [rows, cols] or [[top, bottom], [left, right]])", key,
                                  Translator::show(v)));
-  t.alias(l, t.add(l, pad ? "zero_padding2d" : "cropping2d", l.name, {{key, m}}, {ins[0]}));
+  t.alias(l, t.add(l, keras_type(l), l.name, {{key, m}}, {ins[0]}));
 }
 
 void softmax(Translator& t, const KerasLayer& l, const std::vector<std::string>& ins) {

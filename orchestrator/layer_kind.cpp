@@ -138,6 +138,16 @@ const LayerKind* find_layer_kind(const std::string& type) {
   return nullptr;
 }
 
+const LayerKind* find_keras_kind(const std::string& keras_class) {
+  const LayerKind* found = nullptr;
+  for (const LayerKind& k : table()) {
+    if (k.keras_class != keras_class) continue;
+    if (found) return nullptr;  // several kinds share it (Activation, Dropout): the importer decides
+    found = &k;
+  }
+  return found;
+}
+
 const LayerKind& register_layer_kind(LayerKind kind) {
   if (find_layer_kind(kind.type)) throw std::logic_error("layer kind '" + kind.type + "' is registered twice");
   check_kind(kind);

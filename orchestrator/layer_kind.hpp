@@ -98,6 +98,9 @@ std::vector<LayerKind> builtin_layer_kinds();
 // Every kind, the built-in ones first, in the order they were registered.
 std::vector<const LayerKind*> layer_kinds();
 const LayerKind* find_layer_kind(const std::string& type);  // nullptr when there is none
+// The one kind whose Keras class this is (the Keras importer's type for a layer of that
+// class); nullptr when none or several are (Activation, Dropout).
+const LayerKind* find_keras_kind(const std::string& keras_class);
 // Adds a kind; std::logic_error when its type is taken or the description is not
 // consistent (keys, defaults). Not thread-safe: register before anything reads the table.
 const LayerKind& register_layer_kind(LayerKind kind);
