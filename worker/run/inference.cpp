@@ -17,6 +17,7 @@
 #include "worker/layers/layers.hpp"
 #include "worker/run/checkpoint.hpp"
 #include "worker/run/checkpoint_dir.hpp"
+#include "worker/run/device_state.hpp"
 #include "worker/run/launcher.hpp"
 #include "worker/run/memory_trace.hpp"
 #include "worker/run/run_report.hpp"
@@ -78,37 +79,34 @@ class InferenceWorker {
         rank_(rank),
         policies_(plan.model.layers.size(), ActivationPolicy::Keep),
         schedule_(inference_schedule(config, plan, rank, kind)) {
-    backend_ = make_backend(options);
-    if (device_world) device_world_ = device_world(*backend_);
-    world_ = device_world_ ? device_world_.get() : &world;
-    group_ = world_->split(plan.group_of(rank));
-    params_ = std::make_unique<ParamStore>(plan.model, *backend_, Gradients::None);
+    device_ = std::make_unique<DeviceState>(options, device_world, world, plan, rank, Gradients::None);
     OptimizerState none;
     if (checkpoint.plain)
       load_keras_weights(checkpoint.path, "--checkpoint " + checkpoint.path, config.training.init_by_name, plan.model,
-                         *params_);
+                         *device_->params);
     else
-      step_ = load_checkpoint(checkpoint.path, config, plan.model, *params_, none, *backend_, false).step;
+      step_ = load_checkpoint(checkpoint.path, config, plan.model, *device_->params, none, *device_->backend, false)
+                  .step;
     const int micro = config.training.batch_size / config.training.accumulate;
-    LayerContext ctx{plan, rank, *world_, *group_, *backend_, *params_, micro / plan.groups, micro, policies_};
-    for (int l = 0; l < int(plan.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
-    backend_->reserve_conv_scratch(shard_convs(plan, rank, ctx.local_batch, ConvUse::Inference));
+    const LayerContext ctx{plan, rank, *device_->world, *device_->group, *device_->backend, *device_->params,
+                           micro / plan.groups, micro, policies_};
+    device_->make_layers(ctx, ConvUse::Inference);
   }
 
   int64_t step() const { return step_; }
-  ComputeBackend& backend() { return *backend_; }
-  Comm& world() { return *world_; }
+  ComputeBackend& backend() { return *device_->backend; }
+  Comm& world() { return *device_->world; }
 
   // The peak device bytes of every rank, on every rank (collective).
   std::vector<double> peaks() {
-    std::vector<double> p(world_->size(), 0.0);
-    p[rank_] = double(backend_->allocator().peak());
-    world_->allreduce_sum_host(p.data(), p.size());
+    std::vector<double> p(device_->world->size(), 0.0);
+    p[rank_] = double(device_->backend->allocator().peak());
+    device_->world->allreduce_sum_host(p.data(), p.size());
     return p;
   }
 
   MetricValues evaluate(BatchSource& data) {
-    return evaluate_file(layers_, schedule_, *backend_, data, config_, plan_, rank_, *world_);
+    return evaluate_file(device_->layers, schedule_, *device_->backend, data, config_, plan_, rank_, *device_->world);
   }
 
   // `trace`: records the first batch (`predict --trace-memory`); null: none.
@@ -121,12 +119,7 @@ class InferenceWorker {
   LayerPolicies policies_;
   StepSchedule schedule_;  // a batch's operations
   int64_t step_ = 0;
-  std::unique_ptr<ComputeBackend> backend_;  // declared first: destroyed last
-  std::unique_ptr<Comm> device_world_;
-  Comm* world_ = nullptr;
-  std::unique_ptr<Comm> group_;
-  std::unique_ptr<ParamStore> params_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<DeviceState> device_;
 };
 
 // The operation of schedule_ that `action` names (one each of LoadBatch, SendOutput, EndMicroBatch).
@@ -148,30 +141,30 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out, MemoryTrac
     auto begin = [traced](const StepOp& op) {
       if (traced) traced->begin(op);
     };
-    if (traced) traced->start(backend_->allocator(), backend_->host_pool());
+    if (traced) traced->start(device_->backend->allocator(), device_->backend->host_pool());
     begin(op_of(schedule_, StepAction::LoadBatch));
     Batch batch = data.load_round(round);
-    Tensor y = forward_inference(layers_, schedule_, std::move(batch.images), begin);
+    Tensor y = forward_inference(device_->layers, schedule_, std::move(batch.images), begin);
     begin(op_of(schedule_, StepAction::SendOutput));
     // Every rank whose output counts sends it to rank 0 in bands of rows, in rank order;
     // rank 0 takes its own the same way, so one rule sizes every band.
-    for (int r = 0; r < world_->size(); ++r) {
+    for (int r = 0; r < device_->world->size(); ++r) {
       if (!spatial && plan_.shard_of(r) != 0) continue;  // a classifier's output is its group's
       if (rank_ != 0 && rank_ != r) continue;
       const int64_t first = round * b * plan_.groups + int64_t(plan_.group_of(r)) * b;
       const int images = int(std::clamp<int64_t>(N - first, 0, b));
       if (!spatial) {
         if (images == 0) continue;
-        Tensor band(backend_->allocator(), 1, 1, 1, b * C, "prediction rows");
+        Tensor band(device_->backend->allocator(), 1, 1, 1, b * C, "prediction rows");
         if (r == rank_) {
-          backend_->copy(band.data(), y.data(), size_t(images) * C);
-          backend_->synchronize();
+          device_->backend->copy(band.data(), y.data(), size_t(images) * C);
+          device_->backend->synchronize();
         }
-        if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), size_t(images) * C}}, {});
-        if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), size_t(images) * C}});
+        if (r != 0 && rank_ == r) device_->world->exchange({{0, band.data(), size_t(images) * C}}, {});
+        if (r != 0 && rank_ == 0) device_->world->exchange({}, {{r, band.data(), size_t(images) * C}});
         if (rank_ == 0) {
           std::vector<float> host(size_t(images) * C);
-          backend_->to_host(host.data(), band.data(), host.size() * sizeof(float));
+          device_->backend->to_host(host.data(), band.data(), host.size() * sizeof(float));
           out->write_rows(first, images, C, host.data());
         }
         continue;
@@ -182,17 +175,17 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out, MemoryTrac
       for (int i = 0; i < images; ++i)
         for (int r0 = 0; r0 < rows; r0 += per_band) {
           const int n = std::min(per_band, rows - r0);
-          Tensor band(backend_->allocator(), 1, C, n, cols, "prediction band");
+          Tensor band(device_->backend->allocator(), 1, C, n, cols, "prediction band");
           const size_t count = size_t(C) * n * cols;
           if (r == rank_) {
-            backend_->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols, band.data());
-            backend_->synchronize();  // the band is whole before a comm reads it
+            device_->backend->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols, band.data());
+            device_->backend->synchronize();  // the band is whole before a comm reads it
           }
-          if (r != 0 && rank_ == r) world_->exchange({{0, band.data(), count}}, {});
-          if (r != 0 && rank_ == 0) world_->exchange({}, {{r, band.data(), count}});
+          if (r != 0 && rank_ == r) device_->world->exchange({{0, band.data(), count}}, {});
+          if (r != 0 && rank_ == 0) device_->world->exchange({}, {{r, band.data(), count}});
           if (rank_ == 0) {
             std::vector<float> host(count);
-            backend_->to_host(host.data(), band.data(), count * sizeof(float));
+            device_->backend->to_host(host.data(), band.data(), count * sizeof(float));
             out->write_tile(first + i, tile.rows.lo + r0, tile.cols.lo, C, n, cols, host.data());
           }
         }

@@ -25,7 +25,7 @@ struct Trainer::MicroBatch {
 };
 
 void Trainer::finish_offload(MicroBatch& a, int i) {
-  backend_->wait_transfers();
+  device_->backend->wait_transfers();
   a.device[i].release();
 }
 
@@ -35,19 +35,19 @@ void Trainer::stash(MicroBatch& a, int i) {
     t.release();
     return;
   }
-  a.host[i] = Tensor(backend_->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
-  backend_->to_host_async(a.host[i].data(), t.data(), t.bytes());
+  a.host[i] = Tensor(device_->backend->host_pool(), t.n(), t.c(), t.h(), t.w(), "offloaded activation");
+  device_->backend->to_host_async(a.host[i].data(), t.data(), t.bytes());
 }
 
 void Trainer::prefetch(MicroBatch& a, int i) {
   const Tensor& h = a.host[i];
-  a.device[i] = Tensor(backend_->allocator(), h.n(), h.c(), h.h(), h.w(),
+  a.device[i] = Tensor(device_->backend->allocator(), h.n(), h.c(), h.h(), h.w(),
                        "activation fetched back for layer " + plan_.model.layers[i - 1].config.name);
-  backend_->to_device_async(a.device[i].data(), h.data(), h.bytes());
+  device_->backend->to_device_async(a.device[i].data(), h.data(), h.bytes());
 }
 
 void Trainer::restore(MicroBatch& a, int i) {
-  backend_->transfers_done_for_compute();
+  device_->backend->transfers_done_for_compute();
   a.host[i].release();  // later copies into this block queue behind this one
 }
 
@@ -57,8 +57,8 @@ void Trainer::backward(MicroBatch& a, int l) {
   std::vector<bool> need_dx;
   for (int t : inputs) need_dx.push_back(gradient_[size_t(t)]);
   std::vector<Tensor> dx =
-      layers_[l]->backward(inputs_of(m, l, a.device), a.device[l + 1], a.grads[l + 1], need_dx);
-  layers_[l]->release_saved();
+      device_->layers[l]->backward(inputs_of(m, l, a.device), a.device[l + 1], a.grads[l + 1], need_dx);
+  device_->layers[l]->release_saved();
   a.device[l + 1].release();
   a.grads[l + 1].release();
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -67,19 +67,19 @@ void Trainer::backward(MicroBatch& a, int l) {
     if (sum.empty()) {
       sum = std::move(dx[k]);
     } else {
-      backend_->add(sum.data(), dx[k].data(), sum.size());
+      device_->backend->add(sum.data(), dx[k].data(), sum.size());
       dx[k].release();
     }
   }
 }
 
 void Trainer::loss_gradient(MicroBatch& a, int64_t step) {
-  const int L = int(layers_.size());
+  const int L = int(device_->layers.size());
   const Tensor& y = a.device[L];
-  a.grads[L] = Tensor(backend_->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
+  a.grads[L] = Tensor(device_->backend->allocator(), y.n(), y.c(), y.h(), y.w(), "loss gradient");
   a.loss = loss_and_grad(y, a.batch, a.grads[L]);
   if (std::isfinite(a.loss)) return;
-  for (auto& layer : layers_) layer->release_saved();
+  for (auto& layer : device_->layers) layer->release_saved();
   throw TrainingDiverged(fmt::format(
       "step {}: the loss is {}; stopping without writing a checkpoint (samples {}; lower "
       "training.optimizer.lr or check data.scale)",
@@ -90,11 +90,11 @@ void Trainer::loss_gradient(MicroBatch& a, int64_t step) {
 // the last adds it in, in micro-batch order.
 void Trainer::sum_gradients(int micro) {
   const int k = config_.training.accumulate;
-  const size_t n = params_->trainable_count();
-  float* grads = params_->grads().data();
-  if (micro == 0) backend_->copy(grad_sum_.data(), grads, n);
-  else if (micro + 1 < k) backend_->add(grad_sum_.data(), grads, n);
-  else backend_->add(grads, grad_sum_.data(), n);
+  const size_t n = device_->params->trainable_count();
+  float* grads = device_->params->grads().data();
+  if (micro == 0) device_->backend->copy(grad_sum_.data(), grads, n);
+  else if (micro + 1 < k) device_->backend->add(grad_sum_.data(), grads, n);
+  else device_->backend->add(grads, grad_sum_.data(), n);
 }
 
 void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
@@ -114,7 +114,7 @@ void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
     }
     case StepAction::Forward:
     case StepAction::Recompute:
-      a->device[i + 1] = layers_[i]->forward(
+      a->device[i + 1] = device_->layers[i]->forward(
           inputs_of(m, i, a->device), op.action == StepAction::Forward ? ForwardMode::Train : ForwardMode::Recompute);
       note_progress();
       break;
@@ -128,7 +128,7 @@ void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
       note_progress();
       break;
     case StepAction::SkipBackward:
-      layers_[i]->release_saved();
+      device_->layers[i]->release_saved();
       a->device[i + 1].release();
       break;
     case StepAction::EndMicroBatch:
@@ -138,10 +138,10 @@ void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
       break;
     case StepAction::SumGradients: sum_gradients(micro); break;
     case StepAction::AllReduce:  // one all-reduce of every weight gradient, summed in rank order
-      world_->allreduce_sum(params_->grads().data(), params_->trainable_count());
+      device_->world->allreduce_sum(device_->params->grads().data(), device_->params->trainable_count());
       break;
     case StepAction::Update:
-      optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *params_, optimizer_, *backend_);
+      optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *device_->params, optimizer_, *device_->backend);
       break;
   }
 }
@@ -158,10 +158,10 @@ double Trainer::train_step(int64_t step) {
     schedule_ = training_schedule(config_, plan_, rank_, policies_, gradient_);
   }
   const bool traced = trace_ && trace_->step() == step;
-  if (traced) trace_->start(backend_->allocator(), backend_->host_pool());
+  if (traced) trace_->start(device_->backend->allocator(), device_->backend->host_pool());
   double loss = 0;
   for (int micro = 0; micro < schedule_.micro_batches; ++micro) {
-    MicroBatch a(int(layers_.size()));
+    MicroBatch a(int(device_->layers.size()));
     for (size_t o = schedule_.micro_begin; o < schedule_.micro_end; ++o) run_op(schedule_.ops[o], &a, step, micro);
     loss += a.loss;
   }

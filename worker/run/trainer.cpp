@@ -56,7 +56,6 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
       plan_(plan.shards),
       rank_(rank),
       host_world_(world),
-      world_(&world),
       backend_options_(backend_options),
       make_device_world_(std::move(device_world)),
       policies_(plan.policies),
@@ -67,18 +66,18 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
   std::copy(weights.begin(), weights.end(), loss_weights_.class_weight);
   loss_weights_.pos_weight = float(config.training.pos_weight);
   build_device_state(nullptr);
-  params_->initialize(config.seed);
-  if (!config.training.init_weights.empty()) load_init_weights(config, plan_.model, *params_);
+  device_->params->initialize(config.seed);
+  if (!config.training.init_weights.empty()) load_init_weights(config, plan_.model, *device_->params);
   const std::string resume = find_resume_checkpoint(config, rank == 0);
   if (!resume.empty()) {
     const TrainingProgress p =
-        load_checkpoint(resume, config, plan_.model, *params_, optimizer_, *backend_, rank == 0);
+        load_checkpoint(resume, config, plan_.model, *device_->params, optimizer_, *device_->backend, rank == 0);
     start_step_ = p.step;
     resumed_data_ = p.data_identity;
     monitors_.load(p.monitors, resume);
     if (rank == 0) log().info("resuming from {} at step {} (epoch {})", resume, p.step, p.epoch);
   }
-  data_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_);
+  data_ = std::make_unique<BatchSource>(config, plan_, rank, *device_->backend);
   // A manifest edited since the checkpoint would resume into other data (SPEC section 13).
   data_identity_ = data_->reader().identity();
   if (!resume.empty() && (!resumed_data_.empty() || !data_identity_.empty()))
@@ -87,7 +86,7 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
                                     "start a new run (a new run_dir, or checkpoint.resume: never)",
                                     config.data.train, resume, changed));
   if (!config.data.validation.empty()) {
-    validation_ = std::make_unique<BatchSource>(config, plan_, rank, *backend_, DataPurpose::Evaluate,
+    validation_ = std::make_unique<BatchSource>(config, plan_, rank, *device_->backend, DataPurpose::Evaluate,
                                                 config.data.validation);
     validation_schedule_ = inference_schedule(config, plan_, rank, Inference::Evaluate);
   }
@@ -104,55 +103,50 @@ Trainer::Trainer(const Config& config, const Plan& plan, int rank, Comm& world,
 }
 
 void Trainer::build_device_state(const HostSnapshot* restore) {
-  backend_ = make_backend(backend_options_);
-  if (make_device_world_) device_world_ = make_device_world_(*backend_);
-  world_ = device_world_ ? device_world_.get() : &host_world_;
-  counting_world_ = std::make_unique<CountingComm>(*world_, halo_sent_);
-  world_ = counting_world_.get();
-  group_ = world_->split(plan_.group_of(rank_));
-  params_ = std::make_unique<ParamStore>(plan_.model, *backend_);
-  const size_t n = params_->trainable_count();
-  Allocator& a = backend_->allocator();
+  device_ = std::make_unique<DeviceState>(backend_options_, make_device_world_, host_world_, plan_, rank_,
+                                          Gradients::Kept, &halo_sent_);
+  ComputeBackend& backend = *device_->backend;
+  ParamStore& params = *device_->params;
+  const size_t n = params.trainable_count();
+  Allocator& a = backend.allocator();
   const OptimizerConfig& o = config_.training.optimizer;
   const bool adam = o.type == OptimizerType::Adam;
   optimizer_ = OptimizerState{};
   if (adam || o.momentum != 0) {
     optimizer_.m = Tensor(a, 1, 1, 1, int(n), "optimizer state");
-    backend_->fill_zero(optimizer_.m.data(), n);
+    backend.fill_zero(optimizer_.m.data(), n);
   }
   if (adam) {
     optimizer_.v = Tensor(a, 1, 1, 1, int(n), "optimizer state");
-    backend_->fill_zero(optimizer_.v.data(), n);
+    backend.fill_zero(optimizer_.v.data(), n);
   }
   if (restore) {
     auto put = [&](Tensor& t, const std::vector<float>& host) {
-      if (!t.empty()) backend_->from_host(t.data(), host.data(), t.bytes());
+      if (!t.empty()) backend.from_host(t.data(), host.data(), t.bytes());
     };
-    put(params_->values(), restore->values);
-    put(params_->buffers(), restore->buffers);
+    put(params.values(), restore->values);
+    put(params.buffers(), restore->buffers);
     put(optimizer_.m, restore->m);
     put(optimizer_.v, restore->v);
   }
   const int micro = config_.training.batch_size / config_.training.accumulate;
   if (config_.training.accumulate > 1) {
     grad_sum_ = Tensor(a, 1, 1, 1, int(n), "accumulated gradients");
-    backend_->fill_zero(grad_sum_.data(), n);
+    backend.fill_zero(grad_sum_.data(), n);
   }
-  LayerContext ctx{plan_, rank_, *world_, *group_, *backend_, *params_, micro / plan_.groups, micro, policies_,
-                   &position_, &frozen_};
-  layers_.clear();
-  for (int l = 0; l < int(plan_.model.layers.size()); ++l) layers_.push_back(make_layer(ctx, l));
-  backend_->reserve_conv_scratch(shard_convs(plan_, rank_, ctx.local_batch, ConvUse::Training));
+  const LayerContext ctx{plan_, rank_, *device_->world, *device_->group, backend, params, micro / plan_.groups,
+                         micro, policies_, &position_, &frozen_};
+  device_->make_layers(ctx, ConvUse::Training);
 }
 
 Trainer::HostSnapshot Trainer::take_snapshot() {
   HostSnapshot s;
   auto get = [&](Tensor& t, std::vector<float>& host) {
     host.resize(t.size());
-    if (!t.empty()) backend_->to_host(host.data(), t.data(), t.bytes());
+    if (!t.empty()) device_->backend->to_host(host.data(), t.data(), t.bytes());
   };
-  get(params_->values(), s.values);
-  get(params_->buffers(), s.buffers);
+  get(device_->params->values(), s.values);
+  get(device_->params->buffers(), s.buffers);
   get(optimizer_.m, s.m);
   get(optimizer_.v, s.v);
   return s;
@@ -163,25 +157,19 @@ void Trainer::recycle_in_process() {
   // the data reader holds no device state and stays.
   const HostSnapshot snapshot = take_snapshot();
   bank_collective_seconds();
-  layers_.clear();
-  optimizer_ = OptimizerState{};
-  grad_sum_.release();
-  params_.reset();
-  const std::string device = backend_->device_name();
+  const std::string device = device_->backend->device_name();
   data_->rebind(nullptr);
   if (validation_) validation_->rebind(nullptr);
-  // Comms on the device go first (their staging is the backend's memory); a device world
-  // comm (NCCL) is rebuilt too.
-  group_.reset();
-  world_ = &host_world_;
-  counting_world_.reset();
-  device_world_.reset();
-  backend_.reset();
+  // What the step holds beside the device state goes first; the device state then goes in
+  // reverse order of creation (its comms before the backend they stage in).
+  optimizer_ = OptimizerState{};
+  grad_sum_.release();
+  device_.reset();
   build_device_state(&snapshot);
-  data_->rebind(backend_.get());
-  if (validation_) validation_->rebind(backend_.get());
+  data_->rebind(device_->backend.get());
+  if (validation_) validation_->rebind(device_->backend.get());
   if (rank_ == 0) {
-    const std::optional<uint64_t> free = backend_->device_free_bytes();
+    const std::optional<uint64_t> free = device_->backend->device_free_bytes();
     log().info("recycled the device state of {} (and of every other rank){}", device,
                free ? fmt::format("; device free memory {} B", *free) : "");
   }
@@ -204,21 +192,21 @@ double Trainer::loss_and_grad(const Tensor& y, const Batch& batch, Tensor& dy) {
   double local = 0;
   switch (m.loss) {
     case LossType::SoftmaxCrossEntropy:
-      local = spatial ? backend_->softmax_xent_pixels(y.n(), y.c(), int64_t(y.h()) * y.w(), y.data(),
+      local = spatial ? device_->backend->softmax_xent_pixels(y.n(), y.c(), int64_t(y.h()) * y.w(), y.data(),
                                                       batch.targets.data(), scale, dy.data(), loss_weights_)
-                      : backend_->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data(),
+                      : device_->backend->softmax_xent(y.n(), y.c(), y.data(), batch.labels.data(), scale, dy.data(),
                                                loss_weights_);
       break;
     case LossType::SigmoidBCE:
-      local = backend_->sigmoid_bce(y.size(), y.data(), batch.targets.data(), scale, dy.data(), loss_weights_);
+      local = device_->backend->sigmoid_bce(y.size(), y.data(), batch.targets.data(), scale, dy.data(), loss_weights_);
       break;
     case LossType::MSE:
-      local = backend_->mse(y.size(), y.data(), batch.targets.data(), scale, dy.data());
+      local = device_->backend->mse(y.size(), y.data(), batch.targets.data(), scale, dy.data());
       break;
   }
   // A split output: each shard adds its pixels; a replicated one counts its group leader's.
   double total = (plan_.layers.back().sharded || plan_.shard_of(rank_) == 0) ? local : 0.0;
-  world_->allreduce_sum_host(&total, 1);
+  device_->world->allreduce_sum_host(&total, 1);
   return total / elements;
 }
 
@@ -228,10 +216,10 @@ double Trainer::learning_rate(int64_t step) const {
 }
 
 MetricValues Trainer::validate() {
-  counting_world_->set_counting(false);  // the halo figures are of training steps
+  device_->counting->set_counting(false);  // the halo figures are of training steps
   MetricValues values =
-      evaluate_file(layers_, validation_schedule_, *backend_, *validation_, config_, plan_, rank_, *world_);
-  counting_world_->set_counting(true);
+      evaluate_file(device_->layers, validation_schedule_, *device_->backend, *validation_, config_, plan_, rank_, *device_->world);
+  device_->counting->set_counting(true);
   return values;
 }
 
@@ -278,11 +266,11 @@ bool Trainer::after_validation(const MetricValues& val, int64_t steps_done) {
     note_progress();
     if (rank_ == 0) {
       const std::string path =
-          save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress(steps_done), "best.h5");
+          save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend, progress(steps_done), "best.h5");
       log().info("{} {:.6g} is the best so far: wrote {}", config_.checkpoint.best->name, monitors_.best_value(),
                  path);
     }
-    world_->barrier();  // a failed write aborts every rank here
+    device_->world->barrier();  // a failed write aborts every rank here
     note_progress();
   }
   if (v.lowered && rank_ == 0)
@@ -296,13 +284,13 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   std::string path;
   note_progress();
   if (rank_ == 0) {
-    path = save_checkpoint(config_, plan_.model, *params_, optimizer_, *backend_, progress(steps_done));
+    path = save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend, progress(steps_done));
     note_progress();
     checkpoints_->prune_after(steps_done);
     refresh_report();
   }
   // Nobody runs ahead of a checkpoint that is not on disk yet (a failed write aborts all).
-  world_->barrier();
+  device_->world->barrier();
   note_progress();
   return path;
 }
@@ -324,7 +312,7 @@ void Trainer::stop_if_requested(int64_t steps_done, bool checkpoint_written, Tra
   // Every rank agrees at the same step boundary: one all-reduce of the local requests.
   const StopRequest local = pending_stop();
   double flags[2] = {local == StopRequest::Requeue ? 1.0 : 0.0, local == StopRequest::Terminate ? 1.0 : 0.0};
-  world_->allreduce_sum_host(flags, 2);
+  device_->world->allreduce_sum_host(flags, 2);
   if (flags[0] == 0 && flags[1] == 0) return;
   stop_request_taken();  // every rank reached this boundary: the watchdog stands down
   if (!checkpoint_written) summary.checkpoint = checkpoint(steps_done);
@@ -385,7 +373,7 @@ TrainSummary Trainer::run() {
     uint64_t peak = 0;
     if (logged) peak = max_peak_over_ranks();
     if (rank_ == 0 && (logged || r.tty))
-      report(step, summary.final_loss, seconds, logged ? peak : backend_->allocator().peak(), logged, val);
+      report(step, summary.final_loss, seconds, logged ? peak : device_->backend->allocator().peak(), logged, val);
     const bool stop_early = !val.empty() && after_validation(val, done);
     if (stop_early) {
       summary.stopped_early = monitors_.stop_reason();

@@ -17,6 +17,7 @@
 #include "worker/run/batch.hpp"
 #include "worker/run/checkpoint.hpp"
 #include "worker/run/checkpoint_dir.hpp"
+#include "worker/run/device_state.hpp"
 #include "worker/run/evaluation.hpp"
 #include "worker/run/launcher.hpp"
 #include "worker/run/memory_trace.hpp"
@@ -99,18 +100,14 @@ class Trainer {
   const ShardPlan& plan_;  // job_.shards
   int rank_;
   Comm& host_world_;  // from the launcher
-  Comm* world_;       // host_world_, or device_world_ when there is one
   BackendOptions backend_options_;
   DeviceWorldFactory make_device_world_;
   const LayerPolicies& policies_;  // job_.policies: the activation policy of each layer
   StepPosition position_;          // of the micro-batch in flight, for the layers
   // Declared after the backend, so destroyed before it: device comms stage in its memory.
-  std::unique_ptr<ComputeBackend> backend_;
-  std::unique_ptr<Comm> device_world_;
-  std::unique_ptr<CountingComm> counting_world_;  // wraps the world the layers use
-  std::vector<uint64_t> halo_sent_;               // bytes sent to each rank, training steps only
-  std::unique_ptr<Comm> group_;
-  std::unique_ptr<ParamStore> params_;
+  std::vector<uint64_t> halo_sent_;  // bytes sent to each rank, training steps only
+  // Declared before everything that holds device memory beside it, so destroyed after.
+  std::unique_ptr<DeviceState> device_;
   OptimizerState optimizer_;
   LossWeights loss_weights_;  // training.class_weights and pos_weight
   Monitors monitors_;         // checkpoint.best, training.early_stopping, the plateau schedule
@@ -123,7 +120,6 @@ class Trainer {
   std::unique_ptr<BatchSource> data_;
   std::unique_ptr<BatchSource> validation_;  // data.validation, when set
   Tensor grad_sum_;  // training.accumulate > 1: the gradients of the micro-batches so far
-  std::vector<std::unique_ptr<Layer>> layers_;
   std::map<std::string, double> collective_seconds_;  // per layer kind, of the layers recycled so far
   std::unique_ptr<CheckpointDir> checkpoints_;  // rank 0's claim on run_dir/checkpoints
   int64_t start_step_ = 0;

@@ -18,9 +18,9 @@ void Trainer::log_halo_traffic(int64_t steps) {
   // Which ranks share a host: a 32-bit hash of each rank's host name (exact in a double).
   char host[256] = "";
   gethostname(host, sizeof host - 1);
-  std::vector<double> hosts(size_t(world_->size()), 0.0);
+  std::vector<double> hosts(size_t(device_->world->size()), 0.0);
   hosts[size_t(rank_)] = double(uint32_t(std::hash<std::string>()(host)));
-  world_->allreduce_sum_host(hosts.data(), hosts.size());
+  device_->world->allreduce_sum_host(hosts.data(), hosts.size());
   uint64_t intra = 0, inter = 0;
   for (size_t peer = 0; peer < halo_sent_.size(); ++peer)
     (hosts[peer] == hosts[size_t(rank_)] ? intra : inter) += halo_sent_[peer];
@@ -33,7 +33,7 @@ void Trainer::log_halo_traffic(int64_t steps) {
 }
 
 void Trainer::bank_collective_seconds() {
-  for (const auto& layer : layers_) collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
+  for (const auto& layer : device_->layers) collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
 }
 
 void Trainer::log_collectives(int64_t steps, double step_seconds) {
@@ -52,21 +52,21 @@ void Trainer::log_collectives(int64_t steps, double step_seconds) {
 }
 
 std::vector<double> Trainer::peaks_of_ranks(uint64_t local) {
-  std::vector<double> peaks(world_->size(), 0.0);
+  std::vector<double> peaks(device_->world->size(), 0.0);
   peaks[rank_] = double(local);
-  world_->allreduce_sum_host(peaks.data(), peaks.size());
+  device_->world->allreduce_sum_host(peaks.data(), peaks.size());
   return peaks;
 }
 
 uint64_t Trainer::max_peak_over_ranks() {
-  const std::vector<double> peaks = peaks_of_ranks(backend_->allocator().peak());
+  const std::vector<double> peaks = peaks_of_ranks(device_->backend->allocator().peak());
   return uint64_t(*std::max_element(peaks.begin(), peaks.end()));
 }
 
 void Trainer::write_memory_report() {
   // Collective: every rank gives its peaks; rank 0 writes them beside the predictions.
-  const std::vector<double> device = peaks_of_ranks(backend_->allocator().peak());
-  const std::vector<double> host = peaks_of_ranks(backend_->host_pool().peak());
+  const std::vector<double> device = peaks_of_ranks(device_->backend->allocator().peak());
+  const std::vector<double> host = peaks_of_ranks(device_->backend->host_pool().peak());
   if (rank_ != 0) return;
   std::ofstream out(config_.run_dir + "/memory.csv", std::ios::trunc);
   out << "rank,peak_device_bytes,predicted_peak_device_bytes,host_pool_peak_bytes,predicted_host_pool_bytes\n";
