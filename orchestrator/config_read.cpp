@@ -18,8 +18,8 @@
 #include <sstream>
 #include <system_error>
 
-#include "kernels/loss_weights.hpp"
 #include "kernels/cpu/dnnl_isa.hpp"
+#include "kernels/loss_weights.hpp"
 #include "orchestrator/config_model.hpp"
 #include "orchestrator/config_yaml.hpp"
 #include "orchestrator/files.hpp"

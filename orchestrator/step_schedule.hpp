@@ -1,15 +1,17 @@
 // The step schedule: one training step of one rank as the ordered operations the worker
 // runs (gather a halo and run a layer's forward, stash, offload, prefetch, recompute, a
 // layer's backward, free, sum, all-reduce, update), each with the device and host-pool
-// bytes it allocates and frees. worker/run/trainer.cpp executes the operations in this order;
-// the memory model (memory_model.hpp) is the sum over them; `halotrain plan --schedule`
-// prints them (plan_report.hpp); `halotrain train --trace-memory` records a real step's allocations under
-// the same operations, and the tests compare the two operation for operation. There is no
-// second description of the step's order.
+// bytes it allocates and frees; and a batch of inference (validation, evaluate, predict) as
+// operations of the same kind. worker/run/train_step.cpp and worker/layers/layers.cpp
+// (forward_inference) run the operations in this order; the memory model
+// (memory_model.hpp) is the sum over them; `halotrain plan --schedule` prints them
+// (plan_report.hpp); `train --trace-memory` and `predict --trace-memory` record a real
+// step's allocations under the same operations, and the tests compare the two operation
+// for operation. There is no second description of the step's order.
 //
 // What happens inside one operation follows the layer kinds' LayerTraits, which the
-// worker's layers (worker/layers/layers.cpp, worker/layers/window_layers.cpp, worker/comm/halo_exchange.cpp)
-// follow too. Everything is float32.
+// worker's layers (worker/layers/, worker/comm/halo_exchange.cpp) follow too. Everything
+// is float32.
 #pragma once
 
 #include <cstdint>

@@ -33,7 +33,7 @@ class WindowedLayer : public Layer {
  protected:
   // Under keep the extended input waits for backward when the backward reads it (the
   // kind's WindowUse); otherwise it is dropped after forward and gathered again for
-  // backward, by every rank alike (orchestrator's StepReplay follows the same traits).
+  // backward, by every rank alike (the step schedule follows the same traits).
   bool keeps_ext() const {
     return policy() == ActivationPolicy::Keep && spec().kind().traits.backward_window != WindowUse::None;
   }
