@@ -16,7 +16,9 @@ const HaloPhase kPhases[2] = {HaloPhase::Rows, HaloPhase::Cols};
 
 }  // namespace
 
-uint64_t replicated_bytes(const Config& config, const ModelSpec& model) { return replicated_state(config, model).total(); }
+uint64_t replicated_bytes(const Config& config, const ModelSpec& model) {
+  return replicated_state(config, model).total();
+}
 
 
 int node_of(const Config& config, int rank) { return rank / std::max(config.parallel.devices_per_node, 1); }
@@ -106,7 +108,7 @@ MemoryEstimate sum_schedule(const StepSchedule& schedule) {
 }
 
 StepMemory::StepMemory(const Config& config, const ShardPlan& plan)
-    : config_(config), plan_(plan), local_batch_(local_batch(config, plan)) {
+    : config_(config), plan_(plan), local_batch_(local_batch(config, plan)), gradient_(gradient_flow(plan.model)) {
   // Sample groups are copies of group 0: its shards cover every distinct tile.
   for (int r = 0; r < plan.shards(); ++r) ranks_.push_back(rank_sizes(config, plan, r));
 }
@@ -115,7 +117,7 @@ StepMemory::~StepMemory() = default;
 
 MemoryEstimate StepMemory::replay(const RankSizes& sizes, int rank, const LayerPolicies& policies) const {
   PeakTally tally;
-  walk_training_step(config_, plan_.model, sizes, policies, {}, tally);
+  walk_training_step(config_, plan_.model, sizes, policies, gradient_, tally);
   MemoryEstimate e = tally.estimate();
   e.rank = rank;
   e.local_batch = local_batch_;

@@ -111,6 +111,7 @@ class StepMemory {
   const Config& config_;
   const ShardPlan& plan_;
   int local_batch_;
+  std::vector<char> gradient_;  // gradient_flow of the model: every replay walks with it
   std::vector<RankSizes> ranks_;
 };
 

@@ -124,21 +124,10 @@ void plan_whole(const Window1D& w, int out, AxisPlan& a, int i) {
   }
 }
 
-// Plans one axis for `parts` shards into `out`. Returns "" on success, otherwise why this
-// axis cannot be split that way (without the grid advice).
-std::string plan_axis(const ModelSpec& m, const std::vector<bool>& replicated, Axis axis, int parts,
-                      AxisResult* out) {
-  const int nl = int(m.layers.size());
-  const Scales scales = scales_of(m, replicated, axis);
-  std::vector<AxisPlan> plan(nl);
-  for (auto& a : plan) {
-    a.owned_in.resize(parts);
-    a.owned_out.resize(parts);
-    a.needed_in.resize(parts);
-    a.pad_lo.assign(parts, 0);
-    a.pad_hi.assign(parts, 0);
-  }
-
+// Every tensor's shard borders along `axis` into `owned`: the reference tensor's as even as
+// possible, the others scaled from it. Returns "" on success, otherwise why they cannot be.
+std::string split_tensors(const ModelSpec& m, const Scales& scales, Axis axis, int parts,
+                          std::vector<std::vector<Range>>& owned) {
   // Borders of the reference tensor: as even as possible, the first n % P one larger.
   const int ref = scales.reference;
   const int n = extent(m.tensor_shape(ref), axis);
@@ -149,7 +138,7 @@ std::string plan_axis(const ModelSpec& m, const std::vector<bool>& replicated, A
   for (int i = 0; i < parts; ++i) border[i + 1] = border[i] + n / parts + (i < n % parts ? 1 : 0);
   // Every split feature map's borders: the reference's times its scale against the
   // reference, clamped to its size; the last border is its size. Replicated tensors: whole.
-  std::vector<std::vector<Range>> owned(size_t(m.tensors()));
+  owned.assign(size_t(m.tensors()), {});
   for (int t = 0; t < m.tensors(); ++t) {
     const int64_t size = extent(m.tensor_shape(t), axis);
     const Ratio f = scales.factor[t];
@@ -176,6 +165,26 @@ std::string plan_axis(const ModelSpec& m, const std::vector<bool>& replicated, A
     b[parts] = int(size);
     for (int i = 0; i < parts; ++i) owned[t].push_back({b[i], b[i + 1]});
   }
+  return "";
+}
+
+// Plans one axis for `parts` shards into `out`. Returns "" on success, otherwise why this
+// axis cannot be split that way (without the grid advice).
+std::string plan_axis(const ModelSpec& m, const std::vector<bool>& replicated, Axis axis, int parts,
+                      AxisResult* out) {
+  const int nl = int(m.layers.size());
+  const Scales scales = scales_of(m, replicated, axis);
+  std::vector<AxisPlan> plan(nl);
+  for (auto& a : plan) {
+    a.owned_in.resize(parts);
+    a.owned_out.resize(parts);
+    a.needed_in.resize(parts);
+    a.pad_lo.assign(parts, 0);
+    a.pad_hi.assign(parts, 0);
+  }
+
+  std::vector<std::vector<Range>> owned;
+  if (std::string why = split_tensors(m, scales, axis, parts, owned); !why.empty()) return why;
 
   for (int l = nl - 1; l >= 0; --l) {
     const LayerSpec& L = m.layers[l];

@@ -91,8 +91,12 @@ std::string sbatch_path(const Config& config, const std::string& workdir) {
   return absolute_run_dir(config, workdir) + "/job.sbatch";
 }
 
-std::string render_sbatch(const Config& config, const ShardPlan& plan, const std::string& config_path_abs,
-                          const SubmitOptions& options) {
+namespace {
+
+// What the script is built from, checked: the plan fills the allocation, paths are
+// absolute, nothing holds a newline that would end an #SBATCH line or a command.
+void check_submission(const Config& config, const ShardPlan& plan, const std::string& config_path_abs,
+                      const SubmitOptions& options) {
   const SlurmConfig& s = config.slurm;
   const ParallelConfig& p = config.parallel;
   check_allocation(config, GridShape{plan.grid_rows, plan.grid_cols});
@@ -113,13 +117,13 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
   for (const std::string& set : options.sets) require_no_newline("--set", set, config);
   if (options.cpus_per_task < 0)
     throw ConfigError(fmt::format("halotrain submit: --cpus-per-task must be >= 0, found {}", options.cpus_per_task));
+}
 
-  const std::string run_dir = absolute_run_dir(config, options.workdir);
-  const std::string script = run_dir + "/job.sbatch";
-  std::ostringstream o;
-  o << "#!/bin/bash\n";
-  o << "# halotrain job '" << config.name << "', written by `halotrain submit`. Submit it again with\n";
-  o << "#   sbatch " << script << "\n";
+// The #SBATCH lines: the job's name, logs, resources, time, signal and requeue.
+void write_sbatch_options(std::ostringstream& o, const Config& config, const SubmitOptions& options,
+                          const std::string& run_dir) {
+  const SlurmConfig& s = config.slurm;
+  const ParallelConfig& p = config.parallel;
   auto sb = [&](const std::string& option) { o << "#SBATCH " << option << "\n"; };
   sb("--job-name=" + sbatch_value("name", config.name, config));
   sb("--chdir=" + sbatch_value("the working directory", options.workdir, config));
@@ -148,7 +152,12 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
     else
       sb(line);
   }
+}
 
+// The job's body: the variables the ranks read, then the launch, again after a restart
+// exit (recycle.mode restart) and not after a requeue.
+void write_launch(std::ostringstream& o, const Config& config, const std::string& config_path_abs,
+                  const SubmitOptions& options, const std::string& run_dir) {
   const bool restart = config.recycle.mode == RecycleMode::Restart && config.recycle.every_steps > 0;
   const int64_t max_launches =
       restart && config.training.steps > 0 ? config.training.steps / config.recycle.every_steps + 2 : 1000;
@@ -197,6 +206,20 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
   o << "  fi\n";
   o << "  exit \"$rc\"\n";
   o << "done\n";
+}
+
+}  // namespace
+
+std::string render_sbatch(const Config& config, const ShardPlan& plan, const std::string& config_path_abs,
+                          const SubmitOptions& options) {
+  check_submission(config, plan, config_path_abs, options);
+  const std::string run_dir = absolute_run_dir(config, options.workdir);
+  std::ostringstream o;
+  o << "#!/bin/bash\n";
+  o << "# halotrain job '" << config.name << "', written by `halotrain submit`. Submit it again with\n";
+  o << "#   sbatch " << run_dir << "/job.sbatch\n";
+  write_sbatch_options(o, config, options, run_dir);
+  write_launch(o, config, config_path_abs, options, run_dir);
   return o.str();
 }
 

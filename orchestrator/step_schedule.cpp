@@ -108,9 +108,13 @@ class StepWalk {
  public:
   StepWalk(const Config& config, const ModelSpec& m, const RankSizes& sizes, const LayerPolicies& policies,
            const std::vector<char>& gradient, StepSink& sink)
-      : config_(config), m_(m), z_(sizes), policy_(policies), gradient_(gradient), sink_(sink) {
-    if (gradient_.empty()) gradient_ = gradient_flow(m);
-  }
+      : config_(config),
+        m_(m),
+        z_(sizes),
+        policy_(policies),
+        own_gradient_(gradient.empty() ? gradient_flow(m) : std::vector<char>()),
+        gradient_(gradient.empty() ? own_gradient_ : gradient),
+        sink_(sink) {}
 
   // One batch of inference (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp).
   void run_inference(const ShardPlan& plan, int rank, Inference kind) {
@@ -438,7 +442,8 @@ class StepWalk {
   const ModelSpec& m_;
   const RankSizes& z_;
   const LayerPolicies& policy_;
-  std::vector<char> gradient_;
+  std::vector<char> own_gradient_;      // the plan's flow, when none was given
+  const std::vector<char>& gradient_;  // per tensor: the backward makes its gradient
   StepSink& sink_;
   std::vector<Where> where_;
   std::vector<bool> has_grad_;  // per tensor: a gradient of it is on the device

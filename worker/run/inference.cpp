@@ -178,7 +178,8 @@ void InferenceWorker::predict(BatchSource& data, PredictionSink* out, MemoryTrac
           Tensor band(device_->backend->allocator(), 1, C, n, cols, "prediction band");
           const size_t count = size_t(C) * n * cols;
           if (r == rank_) {
-            device_->backend->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols, band.data());
+            device_->backend->pack_rect(y.data() + size_t(i) * C * rows * cols, 1, C, rows, cols, r0, 0, n, cols,
+                                        band.data());
             device_->backend->synchronize();  // the band is whole before a comm reads it
           }
           if (r != 0 && rank_ == r) device_->world->exchange({{0, band.data(), count}}, {});

@@ -141,8 +141,13 @@ void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
       device_->world->allreduce_sum(device_->params->grads().data(), device_->params->trainable_count());
       break;
     case StepAction::Update:
-      optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *device_->params, optimizer_, *device_->backend);
+      optimizer_step(config_, plan_.model, frozen_, learning_rate(step), step, *device_->params, optimizer_,
+                     *device_->backend);
       break;
+    case StepAction::Free:
+    case StepAction::SendOutput:
+      throw std::logic_error(std::string("an inference operation in a training schedule: ") +
+                             step_action_name(op.action));
   }
 }
 

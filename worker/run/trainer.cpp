@@ -218,7 +218,8 @@ double Trainer::learning_rate(int64_t step) const {
 MetricValues Trainer::validate() {
   device_->counting->set_counting(false);  // the halo figures are of training steps
   MetricValues values =
-      evaluate_file(device_->layers, validation_schedule_, *device_->backend, *validation_, config_, plan_, rank_, *device_->world);
+      evaluate_file(device_->layers, validation_schedule_, *device_->backend, *validation_, config_, plan_, rank_,
+                    *device_->world);
   device_->counting->set_counting(true);
   return values;
 }
@@ -266,7 +267,8 @@ bool Trainer::after_validation(const MetricValues& val, int64_t steps_done) {
     note_progress();
     if (rank_ == 0) {
       const std::string path =
-          save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend, progress(steps_done), "best.h5");
+          save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend, progress(steps_done),
+                          "best.h5");
       log().info("{} {:.6g} is the best so far: wrote {}", config_.checkpoint.best->name, monitors_.best_value(),
                  path);
     }
@@ -284,7 +286,8 @@ std::string Trainer::checkpoint(int64_t steps_done) {
   std::string path;
   note_progress();
   if (rank_ == 0) {
-    path = save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend, progress(steps_done));
+    path = save_checkpoint(config_, plan_.model, *device_->params, optimizer_, *device_->backend,
+                           progress(steps_done));
     note_progress();
     checkpoints_->prune_after(steps_done);
     refresh_report();

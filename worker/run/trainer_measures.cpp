@@ -33,7 +33,8 @@ void Trainer::log_halo_traffic(int64_t steps) {
 }
 
 void Trainer::bank_collective_seconds() {
-  for (const auto& layer : device_->layers) collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
+  for (const auto& layer : device_->layers)
+    collective_seconds_[layer->spec().config.type()] += layer->collective_seconds();
 }
 
 void Trainer::log_collectives(int64_t steps, double step_seconds) {
