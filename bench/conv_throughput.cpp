@@ -6,9 +6,14 @@
 //   - with --conv, a model's own convs: each conv's training passes (forward, backward
 //     data unless it is the first layer, backward weights) timed on their own, best call
 //     of each, summed (one JSON object "convs"): what the step would take if everything
-//     but the convs cost nothing.
+//     but the convs cost nothing;
+//   - with --passes, each pass of one conv on the kernels the step runs (ConvKernels::
+//     Fastest: for few channels kernels/cpu/conv_small.hpp's) against oneDNN's alone, in 7
+//     interleaved pairs, each side the best of 3 calls (one JSON object per pass: the median
+//     times and the median of the pairs' ratios).
 //
 // usage: halotrain_conv_throughput [--seconds S] [--conv N,CIN,COUT,H,W,FIRST ...]
+//                                  [--passes N,CIN,COUT,H,W]
 #include <omp.h>
 
 #include <algorithm>
@@ -17,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/conv.hpp"
@@ -54,6 +60,48 @@ double best_seconds(double seconds, const std::function<void()>& f) {
   return best;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// --passes: each pass on the step's kernels against oneDNN's alone.
+void compare_passes(const ht::ConvGeom& g) {
+  std::vector<float> x(g.x_size()), w(g.w_size()), b(size_t(g.cout), 0.1f), y(g.y_size()), dy(g.y_size()),
+      dx(g.x_size()), dw(g.w_size()), db(size_t(g.cout));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 17) / 17 - 0.5f;
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 7) / 70 - 0.05f;
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = float(i % 13) / 13 - 0.5f;
+  ht::cpu::DnnlConv2d ours(g), onednn(g, nullptr, ht::cpu::ConvKernels::OneDnnOnly);
+  using Pass = std::function<void(ht::cpu::DnnlConv2d&)>;
+  const std::pair<const char*, Pass> passes[] = {
+      {"forward", [&](ht::cpu::DnnlConv2d& c) { c.forward(x.data(), w.data(), b.data(), y.data()); }},
+      {"backward_data", [&](ht::cpu::DnnlConv2d& c) { c.backward_data(dy.data(), w.data(), dx.data()); }},
+      {"backward_weights", [&](ht::cpu::DnnlConv2d& c) { c.backward_weights(x.data(), dy.data(), dw.data(), db.data()); }},
+  };
+  for (const auto& [name, pass] : passes) {
+    auto best_of_3 = [&](ht::cpu::DnnlConv2d& c) {
+      double best = 1e30;
+      for (int i = 0; i < 3; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        pass(c);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return best;
+    };
+    pass(ours), pass(onednn);  // primitive creation, first touch
+    std::vector<double> a, o, ratio;
+    for (int pair = 0; pair < 7; ++pair) {
+      a.push_back(best_of_3(ours));
+      o.push_back(best_of_3(onednn));
+      ratio.push_back(a.back() / o.back());
+    }
+    std::printf("{\"n\": %d, \"cin\": %d, \"cout\": %d, \"height\": %d, \"width\": %d, \"threads\": %d, "
+                "\"pass\": \"%s\", \"ours_seconds\": %.6f, \"onednn_seconds\": %.6f, \"ratio\": %.3f}\n",
+                g.n, g.cin, g.cout, g.hin, g.win, omp_get_max_threads(), name, median(a), median(o), median(ratio));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,6 +120,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       model.push_back(m);
+    } else if (std::strcmp(argv[i], "--passes") == 0) {
+      int n, cin, cout, h, w;
+      if (std::sscanf(argv[++i], "%d,%d,%d,%d,%d", &n, &cin, &cout, &h, &w) != 5) {
+        std::fprintf(stderr, "--passes wants N,CIN,COUT,H,W, got '%s'\n", argv[i]);
+        return 2;
+      }
+      compare_passes(same3x3(n, cin, cout, h, w));
+      return 0;
     }
   }
   if (model.empty()) {

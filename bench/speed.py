@@ -17,6 +17,9 @@ Every figure is a ratio measured in this one run (`make bench` runs it):
       Goal: RSS <= 1.1 x tracked + 256 MiB.
   (4) scaling: the demo model's step from 512^2 to 4096^2 (batch 2), per megapixel, with
       the ratio to torch on the same image.
+  (5) small channels: each pass of the seed's and demo's few-channel convs (and an RGB
+      and a 16-channel one) on the kernels the step runs (kernels/cpu/conv_small.hpp where
+      it serves) against oneDNN's alone, the median of 7 interleaved pairs.
 Torch: PyTorch 1.13 CPU with a warm heap (bench/cpu_vs_torch.py says why), same model,
 batch, data and threads, timed from a batch already in memory.
 Exit status 0 when every goal is met, 1 otherwise.
@@ -108,7 +111,7 @@ def conv_throughput(args, extra=()):
 
 def each_conv(args, model, h, w, batch):
     """[(cin, cout, height, width, GFLOP/s, seconds)] of the model's 3x3 convs, each conv's
-    training passes timed alone by oneDNN."""
+    training passes timed alone on the kernels the step runs."""
     convs, _ = conv_shapes(MODELS[model], h, w)
     out = []
     for cin, cout, k, ch, cw, first in convs:
@@ -196,9 +199,9 @@ def main():
               "oneDNN forward conv, 3x3 'same', NCHW in and out (DnnlConv2d), best call: " +
               ", ".join(f"{c['n']}x{c['channels']}x{c['height']}x{c['width']} {c['gflops']:.1f} GFLOP/s"
                         for c in ceiling) + f"; ceiling {best:.1f} GFLOP/s.", "",
-              "Beside each step: the model's own convs, every training pass of each timed alone by oneDNN "
-              "(what the step would reach if nothing but its convs took time), and torch's step in the same "
-              "GFLOP/s.", "",
+              "Beside each step: the model's own convs, every training pass of each timed alone on the "
+              "kernels the step runs (what the step would reach if nothing but its convs took time), and "
+              "torch's step in the same GFLOP/s.", "",
               "| model | image, batch | counted GFLOP per step | median step | GFLOP/s | vs ceiling | goal | "
               "its convs alone: GFLOP/s, vs ceiling | torch: GFLOP/s, vs ceiling | step vs torch |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -218,8 +221,8 @@ def main():
         lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
                      f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
                      f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} |")
-    lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone by "
-              "oneDNN (forward, backward data unless it reads the image, backward weights).", "",
+    lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone on the "
+              "step's kernels (forward, backward data unless it reads the image, backward weights).", "",
               "| model | conv | size, batch | GFLOP/s | vs ceiling | share of the convs' time |", "|---|---|---|---|---|---|"]
     for model, batch in [("seed", 2), ("demo", 4)]:
         convs = per_conv[model]
@@ -242,6 +245,18 @@ def main():
         mp = 2 * side * side / 1e6
         lines.append(f"| {side}x{side} | {mp:.2f} | {r['median']:.3f} s | {1000 * r['median'] / mp:.1f} | "
                      f"{t:.3f} s | {r['median'] / t:.2f} |")
+    lines.append("")
+
+    # (5) small channels
+    lines += ["### (5) Small-channel convolutions: the step's kernels against oneDNN's", "",
+              "Each pass alone, 3x3 'same', the median of 7 interleaved pairs (each side the best of 3 calls); "
+              "below 1 the step's kernel is faster.", "",
+              "| conv | size, batch | pass | step's kernel | oneDNN | ratio |", "|---|---|---|---|---|---|"]
+    for n, cin, cout, h, w in [(2, 1, 12, 1024, 1024), (2, 12, 16, 512, 512), (4, 1, 8, 1024, 768),
+                               (4, 8, 16, 256, 192), (2, 3, 32, 512, 512), (2, 16, 16, 256, 256)]:
+        for r in conv_throughput(args, ["--passes", f"{n},{cin},{cout},{h},{w}"]):
+            lines.append(f"| {cin} -> {cout} | {h}x{w}, {n} | {r['pass']} | {1000 * r['ours_seconds']:.2f} ms | "
+                         f"{1000 * r['onednn_seconds']:.2f} ms | {r['ratio']:.2f} |")
     lines.append("")
 
     lines += ["### (3) Process RSS against the tracked peak", "",

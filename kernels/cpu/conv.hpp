@@ -60,12 +60,17 @@ ConvScratch dnnl_conv_scratch(const ConvGeom& g, unsigned passes, int threads);
 // thread's OpenMP thread count changes. Inputs and outputs are plain NCHW / OIHW; when
 // oneDNN prefers a blocked layout the data is reordered through the scratch arena (by
 // default one per thread, shared by all instances). Same semantics as the plain loops;
-// not safe to call one instance from two threads at once. With one input channel,
-// backward weights (and forward, when the loops are vectorised) run the loop kernels
-// above: faster there than oneDNN's padded 16-channel blocks (conv_dnnl.cpp).
+// not safe to call one instance from two threads at once. 3x3 stride-1 convolutions with
+// at most 16 input channels run on the register-blocked kernels of conv_small.hpp (the
+// weight gradient from 5 to 15 input channels), and with one input channel the weight
+// gradient runs the loops above: faster there than oneDNN's padded 16-channel blocks.
+// Which kernels a DnnlConv2d runs: for each pass the fastest measured for its geometry
+// (the default), or oneDNN's alone (what the benchmarks hold the others against).
+enum class ConvKernels { Fastest, OneDnnOnly };
+
 class DnnlConv2d {
  public:
-  explicit DnnlConv2d(const ConvGeom& g, ScratchArena* arena = nullptr);
+  explicit DnnlConv2d(const ConvGeom& g, ScratchArena* arena = nullptr, ConvKernels kernels = ConvKernels::Fastest);
   ~DnnlConv2d();
   DnnlConv2d(DnnlConv2d&&) noexcept;
   DnnlConv2d& operator=(DnnlConv2d&&) noexcept;
@@ -81,6 +86,8 @@ class DnnlConv2d {
  private:
   struct Impl;
   ConvGeom g_;
+  ConvKernels kernels_;
+  unsigned small_passes() const;  // the passes conv_small.hpp's kernels run
   std::unique_ptr<Impl> impl_;
 };
 

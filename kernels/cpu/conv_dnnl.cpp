@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/host_memory.hpp"
 
 namespace ht::cpu {
@@ -261,12 +262,18 @@ struct DnnlConv2d::Impl {
     return *b;
   }
 
+  // The small-channel kernels' padded bands (conv_small.hpp), in the first reorder slot.
+  float* small_scratch(const ConvGeom& g, unsigned pass) {
+    const size_t bytes = sizeof(float) * small_conv_scratch_floats(g, pass, omp_get_max_threads());
+    return static_cast<float*>(arena->get(kScratchA, bytes));
+  }
+
   memory pad_mem(size_t bytes) {
     return memory({{static_cast<memory::dim>(bytes)}, dt::u8, tag::x}, eng, arena->get(kScratchPad, bytes));
   }
 };
 
-DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena) : g_(g) {
+DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, ConvKernels kernels) : g_(g), kernels_(kernels) {
   validate(g);
   impl_ = std::make_unique<Impl>(g, arena);
 }
@@ -274,15 +281,19 @@ DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;
 
+unsigned DnnlConv2d::small_passes() const {
+  return kernels_ == ConvKernels::Fastest ? small_conv_passes(g_) : 0;
+}
+
 void DnnlConv2d::forward(const float* x, const float* w, const float* bias, float* y) {
-  // One input channel: the vectorised loops write NCHW directly, where oneDNN writes
-  // blocks into a scratch as large as y and reorders them. Measured, 4x1x1024x768 3x3
-  // 1->8, two threads, AVX-512: loops 7.7 ms, oneDNN 8.6 ms and a y-sized scratch.
-  if (g_.cin == 1 && conv_loops_vectorised()) {
-    conv2d_forward<float>(g_, x, w, bias, y);
+  // Few input channels (3x3, stride 1): the register-blocked kernels write NCHW directly,
+  // where oneDNN pads the channels to its blocks and reorders x and y through scratches as
+  // large as them (conv_small.hpp; measured in bench/RESULTS.md).
+  Impl& m = *impl_;
+  if (small_passes() & kConvForward) {
+    small_conv_forward(g_, x, w, bias, y, m.small_scratch(g_, kConvForward));
     return;
   }
-  Impl& m = *impl_;
   auto& f = m.get_fwd(bias != nullptr);
   auto xm = f.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
   auto wm = f.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
@@ -299,6 +310,10 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
 
 void DnnlConv2d::backward_data(const float* dy, const float* w, float* dx) {
   Impl& m = *impl_;
+  if (small_passes() & kConvBackwardData) {
+    small_conv_backward_data(g_, dy, w, dx, m.small_scratch(g_, kConvBackwardData));
+    return;
+  }
   auto& b = m.get_bwd_data();
   auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchA);
   auto wm = b.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
@@ -316,11 +331,15 @@ void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, fl
   // kernel reads dy once as NCHW, where oneDNN first reorders it into padded blocks.
   // Measured, 4x1x1024x768 3x3 1->8, two threads: oneDNN 16.7-23.5 ms, loops 8.3 ms with
   // AVX-512 (16.2 ms AVX2, 18.9 ms SSE2 vs 19.1 ms).
-  if (g_.cin == 1) {
+  if (g_.cin == 1 && kernels_ == ConvKernels::Fastest) {
     conv2d_backward_weights<float>(g_, x, dy, dw, dbias);
     return;
   }
   Impl& m = *impl_;
+  if (small_passes() & kConvBackwardWeights) {
+    small_conv_backward_weights(g_, x, dy, dw, dbias, m.small_scratch(g_, kConvBackwardWeights));
+    return;
+  }
   auto& b = m.get_bwd_weights(dbias != nullptr);
   auto xm = b.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
   auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchB);
@@ -344,18 +363,27 @@ ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
     s.slot[kScratchC] = c.extra_bytes(), s.slot[kScratchPad] = pad;
     need.include(s);
   };
-  // Calls that run the loop kernels (one input channel) use no scratch.
-  if ((passes & kConvForward) && !(g_.cin == 1 && conv_loops_vectorised())) {
+  // Passes that run the small-channel kernels take their bands in slot A; the loop
+  // kernels (the weight gradient at one input channel) take no scratch.
+  const unsigned small = small_passes();
+  for (unsigned pass : {kConvForward, kConvBackwardData, kConvBackwardWeights}) {
+    if (!(passes & small & pass)) continue;
+    ConvScratch s;
+    s.slot[kScratchA] = sizeof(float) * small_conv_scratch_floats(g_, pass, omp_get_max_threads());
+    need.include(s);
+  }
+  if ((passes & kConvForward) && !(small & kConvForward)) {
     for (bool bias : {false, true}) {
       auto& f = m.get_fwd(bias);
       add(f.x, f.w, f.y, f.pad);
     }
   }
-  if (passes & kConvBackwardData) {
+  if ((passes & kConvBackwardData) && !(small & kConvBackwardData)) {
     auto& d = m.get_bwd_data();
     add(d.dy, d.w, d.dx, d.pad);
   }
-  if ((passes & kConvBackwardWeights) && g_.cin != 1) {
+  const bool loops = g_.cin == 1 && kernels_ == ConvKernels::Fastest;
+  if ((passes & kConvBackwardWeights) && !loops && !(small & kConvBackwardWeights)) {
     for (bool bias : {false, true}) {
       auto& w = m.get_bwd_weights(bias);
       add(w.x, w.dy, w.dw, w.pad);

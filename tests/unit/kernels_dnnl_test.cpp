@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/loss.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optim.hpp"
@@ -75,6 +76,15 @@ std::vector<ConvGeom> dnnl_geoms() {
       geom(2, 5, 9, 11, 7, 3, 2, 1, 2, 1, 1, 0, 2, 1, 0),     // odd channels and kernel
       geom(1, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 3, 0, 0, 2),  // halo-style one-sided pads
       geom(1, 4, 12, 12, 4, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0),    // 1x1 stride 2
+      // Small-channel 3x3 stride 1 (conv_small.hpp): rows past one and two column blocks,
+      // output channels outside the register blocks, every pad from 0 to 2, RGB.
+      geom(2, 12, 9, 70, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      geom(1, 3, 11, 33, 7, 3, 3, 1, 1, 1, 1, 0, 2, 2, 0),
+      geom(2, 1, 6, 65, 12, 3, 3, 1, 1, 1, 1, 2, 1, 0, 1),
+      geom(1, 16, 5, 31, 17, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0),
+      geom(1, 8, 3, 3, 16, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2),
+      geom(1, 5, 7, 9, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      geom(2, 13, 10, 18, 5, 3, 3, 1, 1, 1, 1, 0, 1, 2, 1),
   };
   std::mt19937_64 rng(21);
   auto u = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -130,6 +140,26 @@ TEST(DnnlConv2d, MatchesDoubleReference) {
   omp_set_num_threads(saved);
 }
 
+// The geometries above that the small-channel kernels serve on this CPU are served by them
+// (so MatchesDoubleReference checks those kernels), and those they refuse are refused.
+TEST(DnnlConv2d, SmallChannelKernelsServeTheirGeometries) {
+  if (!conv_loops_vectorised()) GTEST_SKIP() << "no AVX2 on this CPU: oneDNN serves every convolution";
+  const unsigned both = kConvForward | kConvBackwardData;
+  EXPECT_EQ(small_conv_passes(geom(2, 12, 9, 70, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)), kConvAllPasses);
+  EXPECT_EQ(small_conv_passes(geom(1, 8, 3, 3, 16, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2)), kConvAllPasses);
+  EXPECT_EQ(small_conv_passes(geom(1, 5, 7, 9, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)), kConvForward | kConvBackwardWeights);
+  // The weight gradient at 1-4 and 16 input channels stays with the loops and oneDNN.
+  EXPECT_EQ(small_conv_passes(geom(2, 1, 6, 65, 12, 3, 3, 1, 1, 1, 1, 2, 1, 0, 1)), both);
+  EXPECT_EQ(small_conv_passes(geom(1, 3, 11, 33, 7, 3, 3, 1, 1, 1, 1, 0, 2, 2, 0)), both);
+  // Backward data would need a negative pad; its input has 17 channels.
+  EXPECT_EQ(small_conv_passes(geom(1, 16, 10, 10, 16, 3, 3, 1, 1, 1, 1, 3, 0, 0, 2)), kConvForward);
+  EXPECT_EQ(small_conv_passes(geom(1, 16, 5, 31, 17, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0)), kConvForward);
+  EXPECT_EQ(small_conv_passes(geom(2, 32, 9, 9, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)), 0u);   // wide input
+  EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1)), 0u);    // stride 2
+  EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2)), 0u);    // 5x5
+  EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2)), 0u);    // dilated
+}
+
 TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
   // Cached primitives must follow new data and a changed thread count; outputs are
   // overwritten, never accumulated.
@@ -173,7 +203,8 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
   const int saved = omp_get_max_threads();
   for (const ConvGeom& g : {geom(2, 16, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0),
                             geom(1, 8, 17, 15, 16, 3, 3, 2, 2, 1, 1, 0, 1, 1, 1),
-                            geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)}) {
+                            geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                            geom(2, 12, 21, 70, 13, 3, 3, 1, 1, 1, 1, 2, 0, 1, 2)}) {
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
       RecordingArena all, forward_only;
