@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/dnnl_isa.hpp"
@@ -159,7 +160,13 @@ std::vector<float> pack_weights(const float* w, int cout, int cin, int widest, b
                 flip ? w[(size_t(ci) * cout + co + c) * 9 + 8 - t] : w[(size_t(co + c) * cin + ci) * 9 + t];
   return p;
 }
-int forward_widest_block() { return cpu_isa() == Isa::Avx512 ? Avx512::CB : Avx2::CB; }
+// AVX-512 where the CPU has it and oneDNN's cap allows it, else AVX2 (below that
+// small_conv_passes serves nothing).
+bool use_avx512() {
+  static const bool avx512 = cpu_isa() == Isa::Avx512 && dnnl_isa_reaches("avx512_core");
+  return avx512;
+}
+int forward_widest_block() { return use_avx512() ? Avx512::CB : Avx2::CB; }
 
 // Every output channel from `co` on, in blocks of CB, then of CB / 2, ... 1.
 template <class P, int CB>
@@ -279,7 +286,7 @@ HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w,
 }
 // `w` packed by pack_weights.
 void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch) {
-  static const ForwardTask task = for_this_cpu<ForwardTask>(nullptr, forward_avx2, forward_avx512);
+  static const ForwardTask task = use_avx512() ? forward_avx512 : forward_avx2;
   const int bands = bands_of(g), nthr = threads_for(g, omp_get_max_threads());
   const size_t per_thread = forward_floats(g);
 #pragma omp parallel num_threads(nthr)
@@ -293,9 +300,13 @@ void forward(const ConvGeom& g, const float* x, const float* w, const float* bia
 
 }  // namespace
 
+const char* small_conv_isa() {
+  static const bool enabled = conv_loops_vectorised() && dnnl_isa_reaches("avx2");
+  return !enabled ? "none" : use_avx512() ? "avx512" : "avx2";
+}
+
 unsigned small_conv_passes(const ConvGeom& g) {
-  static const bool enabled = conv_loops_vectorised() && dnnl_isa_reaches_avx2();
-  if (!enabled) return 0;
+  if (std::string(small_conv_isa()) == "none") return 0;
   if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
       g.groups != 1 || g.cin > kMaxChannels)
     return 0;
@@ -338,7 +349,7 @@ void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w
 // summed in thread order, so the result is deterministic for a given thread count.
 void small_conv_backward_weights(const ConvGeom& g, const float* x, const float* dy, float* dw, float* dbias,
                                  float* scratch) {
-  static const WeightsTask task = for_this_cpu<WeightsTask>(nullptr, weights_avx2, weights_avx512);
+  static const WeightsTask task = use_avx512() ? weights_avx512 : weights_avx2;
   const int bands = bands_of(g), nthr = threads_for(g, omp_get_max_threads());
   const size_t nw = g.w_size(), slot = nw + g.cout, per_thread = weights_floats(g);
   std::vector<double> acc(size_t(nthr) * slot, 0.0);

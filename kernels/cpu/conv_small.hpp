@@ -16,6 +16,10 @@
 
 namespace ht::cpu {
 
+// The vector width these kernels run at: "avx512", "avx2" (the CPU's widest that oneDNN's
+// cap allows; both give the same bits) or "none" (below AVX2: they serve nothing).
+const char* small_conv_isa();
+
 // Which of g's passes (ConvPasses bits) these kernels serve on this CPU; 0 where none.
 unsigned small_conv_passes(const ConvGeom& g);
 

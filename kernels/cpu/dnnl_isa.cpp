@@ -65,11 +65,12 @@ std::string use_dnnl_isa(const std::string& name) {
   return decided->second;
 }
 
-bool dnnl_isa_reaches_avx2() {
+bool dnnl_isa_reaches(const std::string& name) {
   // oneDNN's ISA values are nested bit sets: each includes the bits of those below it.
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto avx2 = static_cast<unsigned>(dnnl::cpu_isa::avx2);
-  return (isa & avx2) == avx2;
+  for (const auto& [n, value] : isas())
+    if (n == name) return (isa & static_cast<unsigned>(value)) == static_cast<unsigned>(value);
+  throw std::logic_error("unknown oneDNN ISA '" + name + "'");
 }
 
 }  // namespace ht::cpu

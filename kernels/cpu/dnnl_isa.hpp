@@ -16,10 +16,11 @@ const std::vector<std::string>& dnnl_isa_names();
 // with the same name returns the same, one with another throws std::logic_error.
 std::string use_dnnl_isa(const std::string& name);
 
-// Whether the ISA oneDNN dispatches to reaches AVX2. The hand-written vector kernels that
-// change what a plan counts (conv_small.hpp) run only then, so a cap (`parallel.cpu_isa`,
-// ONEDNN_MAX_CPU_ISA) holds for them too and a capped plan is the same on any CPU that has
-// the cap's ISA. Decides oneDNN's ISA as use_dnnl_isa("auto") would where nothing did yet.
-bool dnnl_isa_reaches_avx2();
+// Whether the ISA oneDNN dispatches to reaches `name` (one of dnnl_isa_names()). The
+// hand-written vector kernels that change what a plan counts (conv_small.hpp) follow it, so
+// a cap (`parallel.cpu_isa`, ONEDNN_MAX_CPU_ISA) holds for them too and a capped plan is the
+// same on any CPU that has the cap's ISA. Decides oneDNN's ISA as use_dnnl_isa("auto")
+// would where nothing did yet.
+bool dnnl_isa_reaches(const std::string& name);
 
 }  // namespace ht::cpu

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -144,6 +145,12 @@ TEST(DnnlConv2d, MatchesDoubleReference) {
 // (so MatchesDoubleReference checks those kernels), and those they refuse are refused.
 TEST(DnnlConv2d, SmallChannelKernelsServeTheirGeometries) {
   if (!conv_loops_vectorised()) GTEST_SKIP() << "no AVX2 on this CPU: oneDNN serves every convolution";
+  // ctest runs this program a second time under ONEDNN_MAX_CPU_ISA=AVX2 (tests/CMakeLists.txt):
+  // then the AVX2 kernels run, on an AVX-512 machine too.
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap && std::string(cap) == "AVX2") {
+    EXPECT_STREQ(small_conv_isa(), "avx2");
+  }
   const unsigned both = kConvForward | kConvBackwardData;
   EXPECT_EQ(small_conv_passes(geom(2, 12, 9, 70, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)), kConvAllPasses);
   EXPECT_EQ(small_conv_passes(geom(1, 8, 3, 3, 16, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2)), kConvAllPasses);
@@ -158,6 +165,53 @@ TEST(DnnlConv2d, SmallChannelKernelsServeTheirGeometries) {
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1)), 0u);    // stride 2
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2)), 0u);    // 5x5
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2)), 0u);    // dilated
+}
+
+// A hash of the bits of every pass of one small-channel convolution (uneven pads, output
+// channels outside the register blocks), on the kernels this process runs.
+uint64_t small_conv_bits() {
+  const ConvGeom g = geom(2, 12, 37, 101, 13, 3, 3, 1, 1, 1, 1, 1, 2, 0, 1);
+  std::mt19937_64 rng(5);
+  VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
+       b = to_float(random_vec(g.cout, rng)), dy = to_float(random_vec(g.y_size(), rng));
+  VecF y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(g.cout);
+  DnnlConv2d conv(g);
+  conv.forward(x.data(), w.data(), b.data(), y.data());
+  conv.backward_data(dy.data(), w.data(), dx.data());
+  conv.backward_weights(x.data(), dy.data(), dw.data(), db.data());
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (const VecF* v : {&y, &dx, &dw, &db})
+    for (float f : *v) {
+      uint32_t u;
+      std::memcpy(&u, &f, sizeof u);
+      h = (h ^ u) * 1099511628211ull;
+    }
+  return h;
+}
+
+// Run by the next test in a child process.
+TEST(DnnlConv2d, PrintSmallChannelBits) {
+  std::printf("small-conv %s %llx\n", small_conv_isa(), static_cast<unsigned long long>(small_conv_bits()));
+}
+
+// The AVX2 and AVX-512 variants of the few-channel kernels sum in the same order: the same
+// bits (so a plan's results do not depend on which of the two a node runs).
+TEST(DnnlConv2d, SmallChannelKernelsGiveTheSameBitsOnAvx2AndAvx512) {
+  if (std::string(small_conv_isa()) != "avx512") GTEST_SKIP() << "needs AVX-512 to compare with AVX2";
+  omp_set_num_threads(2);
+  char exe[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", exe, sizeof exe - 1), 0);
+  const std::string cmd = std::string("OMP_NUM_THREADS=2 ONEDNN_MAX_CPU_ISA=AVX2 '") + exe +
+                          "' --gtest_filter=DnnlConv2d.PrintSmallChannelBits";
+  FILE* child = popen(cmd.c_str(), "r");
+  ASSERT_NE(child, nullptr);
+  std::string out;
+  char line[512];
+  while (std::fgets(line, sizeof line, child)) out += line;
+  ASSERT_EQ(pclose(child), 0) << out;
+  char want[64];
+  std::snprintf(want, sizeof want, "small-conv avx2 %llx", static_cast<unsigned long long>(small_conv_bits()));
+  EXPECT_NE(out.find(want), std::string::npos) << "AVX-512 here: " << want + 15 << "; the AVX2 child printed:\n" << out;
 }
 
 TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
