@@ -61,8 +61,8 @@ ConvScratch dnnl_conv_scratch(const ConvGeom& g, unsigned passes, int threads);
 // oneDNN prefers a blocked layout the data is reordered through the scratch arena (by
 // default one per thread, shared by all instances). Same semantics as the plain loops;
 // not safe to call one instance from two threads at once. 3x3 stride-1 convolutions with
-// at most 16 input channels run on the register-blocked kernels of conv_small.hpp (the
-// weight gradient from 5 to 15 input channels), and with one input channel the weight
+// at most 16 input channels run the passes where they measured faster on the
+// register-blocked kernels of conv_small.hpp, and with one input channel the weight
 // gradient runs the loops above: faster there than oneDNN's padded 16-channel blocks.
 // Which kernels a DnnlConv2d runs: for each pass the fastest measured for its geometry
 // (the default), or oneDNN's alone (what the benchmarks hold the others against).

@@ -38,7 +38,7 @@ struct Avx2 {
 };
 struct Avx512 {
   using V = V16;
-  static constexpr int NV = 4, CB = 4, CW = 3;
+  static constexpr int NV = 2, CB = 8, CW = 3;
 };
 template <class V>
 constexpr int lanes() {
@@ -49,7 +49,7 @@ constexpr int kRows = 4;        // output rows per task
 constexpr int kWidest = 64;     // the widest column block (AVX-512): rows are padded to it on every ISA,
                                 // so the scratch a plan counts does not depend on the CPU's vector width
 constexpr int kWidestVector = 16;  // floats in an AVX-512 register
-constexpr int kMaxChannels = 16;  // input channels served (oneDNN's own blocks are 16 wide)
+constexpr int kMaxChannels = 16;  // oneDNN's blocks on AVX-512: at most one, padded
 
 int round_up(int a, int b) { return (a + b - 1) / b * b; }
 
@@ -310,14 +310,18 @@ unsigned small_conv_passes(const ConvGeom& g) {
   if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
       g.groups != 1 || g.cin > kMaxChannels)
     return 0;
-  unsigned passes = kConvForward;
+  // Which passes beat oneDNN's was measured pass by pass (bench/speed.py, table 5; 2 cores,
+  // AVX-512). The forward: at one input channel always (oneDNN's is 2.5x slower), else up to
+  // 16 output channels (with 32 and more oneDNN's blocks are full and it was 10-35% faster).
+  unsigned passes = 0;
+  if (g.cin == 1 || g.cout <= kMaxChannels) passes |= kConvForward;
+  // Backward data, the forward over cout channels padded by 2 - pad: 0.4-0.9 of oneDNN's
+  // time wherever its output has few channels.
+  if (std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) <= 2) passes |= kConvBackwardData;
   // The weight gradient reads each output-gradient vector for 9 x cin products: at 1-4
   // input channels too few to pay for turning the band pixel-major (conv.cpp's loops and
-  // oneDNN were faster there), at 16 oneDNN's blocks are not padded (measured, as equal).
+  // oneDNN were faster there); at 16 oneDNN's blocks are not padded (measured, as equal).
   if (g.cin > 4 && g.cin < kMaxChannels) passes |= kConvBackwardWeights;
-  // Backward data reads cout channels, padded by 2 - pad.
-  if (g.cout <= kMaxChannels && std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) <= 2)
-    passes |= kConvBackwardData;
   return passes;
 }
 
