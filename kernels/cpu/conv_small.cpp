@@ -160,6 +160,7 @@ std::vector<float> pack_weights(const float* w, int cout, int cin, int widest, b
                 flip ? w[(size_t(ci) * cout + co + c) * 9 + 8 - t] : w[(size_t(co + c) * cin + ci) * 9 + t];
   return p;
 }
+
 // AVX-512 where the CPU has it and oneDNN's cap allows it, else AVX2 (below that
 // small_conv_passes serves nothing).
 bool use_avx512() {
@@ -284,6 +285,7 @@ HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w,
                               float* band, int n, int b) {
   forward_task<Avx512>(g, x, w, bias, y, band, n, b);
 }
+
 // `w` packed by pack_weights.
 void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch) {
   static const ForwardTask task = use_avx512() ? forward_avx512 : forward_avx2;
