@@ -71,6 +71,10 @@ struct LayerTraits {
   // Its inputs may mix feature maps and channel vectors, a vector standing for its value at
   // every pixel (multiply: squeeze-excitation's gate).
   bool broadcasts_vectors = false;
+  // Its backward is element by element, one input of the output's shape: it may write its
+  // input gradient over its output gradient (step_schedule.hpp backward_in_place), which
+  // no other layer reads. Its worker layer implements Layer::backward_over.
+  bool backward_in_place = false;
 };
 
 // A model that does not work at one layer: the message without the layer's location,

@@ -28,6 +28,7 @@ LayerKind batch_norm() {
     l.weights.push_back({"moving_variance:0", {c}, false, WeightLayout::Keras, WeightInit::Ones});
     l.flops_per_image = 8 * l.in.elements();
   };
+  k.traits.backward_in_place = true;
   return k;
 }
 
@@ -42,8 +43,16 @@ LayerKind elementwise(const char* type, const char* keras_class, const char* ker
   return k;
 }
 
+// relu and the activations of worker/layers/layers.cpp's ActivationLayer: dx from x, y
+// and dy element by element.
+LayerKind activation(const char* type, const char* keras_class = "Activation", const char* keras_prefix = "activation") {
+  LayerKind k = elementwise(type, keras_class, keras_prefix);
+  k.traits.backward_in_place = true;
+  return k;
+}
+
 LayerKind leaky_relu() {
-  LayerKind k = elementwise("leaky_relu", "LeakyReLU", "leaky_re_lu");
+  LayerKind k = activation("leaky_relu", "LeakyReLU", "leaky_re_lu");
   k.keys = {with_default("alpha", KeyType::NonNegative, 0.3)};
   return k;
 }
@@ -132,7 +141,7 @@ LayerKind concatenate() {
 
 
 LayerKind clip(const char* type, bool bounds) {
-  LayerKind k = elementwise(type, bounds ? "Activation" : "ReLU", bounds ? "activation" : "re_lu");
+  LayerKind k = activation(type, bounds ? "Activation" : "ReLU", bounds ? "activation" : "re_lu");
   if (bounds) {
     LayerKey lo = with_default("min", KeyType::Real, 0.0), hi = with_default("max", KeyType::Real, 6.0);
     k.keys = {lo, hi};
@@ -148,13 +157,13 @@ LayerKind clip(const char* type, bool bounds) {
 }
 
 LayerKind hard_sigmoid() {
-  LayerKind k = elementwise("hard_sigmoid", "Activation", "activation");
+  LayerKind k = activation("hard_sigmoid");
   k.keys = {with_default("alpha", KeyType::Real, 0.2), with_default("beta", KeyType::Real, 0.5)};
   return k;
 }
 
 LayerKind gelu() {
-  LayerKind k = elementwise("gelu", "Activation", "activation");
+  LayerKind k = activation("gelu");
   k.keys = {choice_key("approximate", {"none", "tanh"})};
   return k;
 }
@@ -292,12 +301,12 @@ LayerKind channel_slice() {
 std::vector<LayerKind> pixel_kinds() {
   std::vector<LayerKind> kinds;
   kinds.push_back(batch_norm());
-  kinds.push_back(elementwise("relu", "Activation", "activation"));
+  kinds.push_back(activation("relu"));
   kinds.push_back(global_pool("global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d"));
   kinds.push_back(dense());
   kinds.push_back(leaky_relu());
-  kinds.push_back(elementwise("sigmoid", "Activation", "activation"));
-  kinds.push_back(elementwise("tanh", "Activation", "activation"));
+  kinds.push_back(activation("sigmoid"));
+  kinds.push_back(activation("tanh"));
   kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
   kinds.push_back(dropout());
   kinds.push_back(add());
@@ -305,9 +314,9 @@ std::vector<LayerKind> pixel_kinds() {
   // SPEC section 11.
   kinds.push_back(clip("relu6", false));
   kinds.push_back(clip("clip", true));
-  kinds.push_back(elementwise("silu", "Activation", "activation"));
+  kinds.push_back(activation("silu"));
   kinds.push_back(hard_sigmoid());
-  kinds.push_back(elementwise("hard_swish", "Activation", "activation"));
+  kinds.push_back(activation("hard_swish"));
   kinds.push_back(gelu());
   kinds.push_back(multiply());
   kinds.push_back(layer_norm());

@@ -134,8 +134,13 @@ uint64_t StepMemory::lower_bound() const {
   uint64_t bound = 0;
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
-    for (size_t l = 0; l < r.layers.size(); ++l)
-      if (makes_input_gradient(m.layers[l])) step = std::max(step, 2 * (r.layers[l].owned_in + r.layers[l].out));
+    // A backward holds its input, its output, their gradients; one of them where the input
+    // gradient takes the output gradient's memory.
+    for (size_t l = 0; l < r.layers.size(); ++l) {
+      const LayerSizes& z = r.layers[l];
+      if (makes_input_gradient(m.layers[l]))
+        step = std::max(step, z.dx_over_dy ? z.owned_in + 2 * z.out : 2 * (z.owned_in + z.out));
+    }
     const uint64_t tiles = (r.input + r.targets) * (r.staged ? 2 : 1);
     bound = std::max(bound, fixed + r.conv_scratch + tiles + step);
   }

@@ -102,8 +102,9 @@ class StepMemory {
   MemoryEstimate estimate(int shard, const LayerPolicies& policies) const;  // shard of group 0
   MemoryEstimate estimate_max(const LayerPolicies& policies) const;         // the busiest shard
   // No policy brings the busiest shard below this: when layer l >= 1 makes its input
-  // gradient, its input and output are on the device with both gradients, beside the
-  // weights, the image tile and the targets (and the cuDNN workspace on CUDA).
+  // gradient, its input and output are on the device with both gradients (one, where the
+  // input gradient takes the output gradient's memory), beside the weights, the image tile
+  // and the targets (and the cuDNN workspace on CUDA).
   uint64_t lower_bound() const;
 
  private:

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "orchestrator/layer_kind.hpp"
+
 namespace ht {
 
 namespace {
@@ -24,15 +26,19 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   const int max_r = max_grid_rows(model), max_c = max_grid_cols(model);
   // A lower bound on the busiest rank of any S-shard grid, under any policy: when layer
   // l >= 1 makes its input gradient, its input and output are on the device (restored
-  // for its backward), with the output gradient and the new input gradient, beside the
-  // image tile and targets. Owned tiles partition the image, so some rank holds at least
-  // 1/S of the whole image's sizes.
+  // for its backward), with the output gradient and the new input gradient (in the same
+  // memory where LayerTraits::backward_in_place), beside the image tile and targets. Owned
+  // tiles partition the image, so some rank holds at least 1/S of the whole image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };
   uint64_t scaled = 0;
-  for (int l = 1; l < int(m.layers.size()); ++l)
-    if (m.layers[l].spatial && m.layers[l].out_spatial) scaled = std::max(scaled, whole(m.input) + 2 * (whole(m.layers[l].in) + whole(m.layers[l].out)));
+  for (int l = 1; l < int(m.layers.size()); ++l) {
+    const LayerSpec& spec = m.layers[l];
+    if (!spec.spatial || !spec.out_spatial) continue;
+    const uint64_t in = whole(spec.in), out = whole(spec.out);
+    scaled = std::max(scaled, whole(m.input) + (spec.kind().traits.backward_in_place ? in + 2 * out : 2 * (in + out)));
+  }
   const uint64_t workspace = cudnn_workspace_bytes(config, model);
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {
     if (res.fixed + workspace + scaled / uint64_t(s) > config.parallel.device_memory) continue;

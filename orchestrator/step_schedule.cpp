@@ -38,6 +38,11 @@ ReplicatedState replicated_state(const Config& config, const ModelSpec& model) {
   return s;
 }
 
+bool backward_in_place(const ShardPlan& plan, int l) {
+  const LayerSpec& spec = plan.model.layers[size_t(l)];
+  return spec.kind().traits.backward_in_place && spec.inputs.size() == 1 && !plan.layers[size_t(l)].gathers;
+}
+
 RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   const ModelSpec& m = plan.model;
   const int b = local_batch(config, plan), L = int(m.layers.size());
@@ -55,6 +60,7 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
     const Rect owned = plan.owned_input(l, rank);
     z.owned_in = tile_bytes(owned, spec.in.c, b);
     if (spec.inner_channels > 0) z.inner = tile_bytes(plan.owned_output(l, rank), spec.inner_channels, b);
+    z.dx_over_dy = backward_in_place(plan, l);
     for (size_t k = 0; k < spec.ins.size(); ++k) {
       const int t = spec.inputs[k];
       z.owned_ins.push_back(tile_bytes(plan.owned_tensor(t, rank), spec.ins[k].c, b));
@@ -372,9 +378,11 @@ class StepWalk {
   void backward(int l) {
     begin(A::Backward, l);
     const uint64_t dy = act_bytes(l + 1);
+    // Layer::backward_over: the input gradient is the output gradient's memory.
+    const bool over = at(l).dx_over_dy && makes_dx(l, 0);
     if (windowed(l)) {
       windowed_backward(l);
-    } else {
+    } else if (!over) {
       for (size_t k = 0; k < inputs(l).size(); ++k)
         if (makes_dx(l, k)) alloc(K::Transient, at(l).gathered[k] ? at(l).gathered[k] : at(l).owned_ins[k]);
     }
@@ -388,7 +396,7 @@ class StepWalk {
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
     release(K::Activations, act_bytes(l + 1));  // the output
     where_[l + 1] = Where::Freed;
-    release(K::Transient, dy);  // the output gradient gives way to dx
+    if (!over) release(K::Transient, dy);  // the output gradient gives way to dx
     // A tensor read by several layers sums their gradients: the later ones add in and go.
     for (size_t k = 0; k < inputs(l).size(); ++k) {
       const int t = inputs(l)[k];

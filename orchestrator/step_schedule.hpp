@@ -64,6 +64,7 @@ struct LayerSizes {
   uint64_t sends[2] = {}, receives[2] = {};
   uint64_t stage(int phase) const { return sends[phase] + receives[phase]; }
   bool in_place = false;   // needed == owned: no extended copy
+  bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
 };
 struct RankSizes {
@@ -76,6 +77,12 @@ struct RankSizes {
   std::vector<LayerSizes> layers;
 };
 RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use = ConvUse::Training);
+
+// Whether layer l's backward writes its input gradient over its output gradient, when it
+// makes one (LayerTraits::backward_in_place; not where it gathers its input whole, whose
+// gradient is then cut to this rank's part). Layer::backward_over does it; the schedule
+// then allocates no input gradient and frees no output gradient.
+bool backward_in_place(const ShardPlan& plan, int l);
 
 // Whether a windowed layer keeps its halo-extended input from forward to backward (under
 // keep, when its backward reads it and it is not the input itself).

@@ -110,14 +110,15 @@ TEST(MemoryModel, KeepPeakMatchesAHandCount) {
   EXPECT_EQ(e.workspace, conv_scratch_bytes(c, p, 0, ConvUse::Training));
   const uint64_t fixed = e.params + e.grads + e.optimizer + e.workspace;
   // Forward: image 256 B + targets 8 B; conv and relu outputs 512 B each, pool and dense
-  // outputs 8 B each; loss gradient 8 B. Backward: the dense and pool input gradients
-  // (8 B, then 512 B) free their output gradients; the peak is the relu's backward:
-  // conv and relu outputs, the 512 B gradient flowing in and the 512 B one it makes.
+  // outputs 8 B each; loss gradient 8 B. Backward: the dense input gradient (8 B) frees the
+  // dense output and its gradient; the peak is the pool's backward: conv, relu and pool
+  // outputs (1032 B), the 8 B gradient flowing in and the 512 B one it makes. The relu's
+  // backward then writes its input gradient over that one (LayerTraits::backward_in_place).
   EXPECT_EQ(e.input, 2 * 264u);  // and the next step's, read in the background
-  EXPECT_EQ(e.activations, 1024u);
-  EXPECT_EQ(e.transient, 1024u);
+  EXPECT_EQ(e.activations, 1032u);
+  EXPECT_EQ(e.transient, 520u);
   EXPECT_EQ(e.halo, 0u);
-  EXPECT_EQ(e.total, fixed + 2312 + 264);
+  EXPECT_EQ(e.total, fixed + 2 * 264 + 1032 + 520);
 }
 
 // The same model, per layer (the plan's and the report's per-layer view), counted by hand.

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "orchestrator/layer_kind.hpp"
+#include "orchestrator/step_schedule.hpp"
 
 namespace ht {
 
@@ -78,6 +79,24 @@ std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, cons
   // Every shard of a group computed the same weight gradients: they count once.
   if (replicated() && !ctx_.group_leader()) zero_weight_gradients();
   return dx;
+}
+
+Tensor Layer::backward_in_place(const Tensor& x, const Tensor& y, Tensor dy) {
+  check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
+  check_shape(x, y.n(), y.c(), y.h(), y.w(), "input", label());
+  if (!::ht::backward_in_place(ctx_.plan, index_))
+    throw std::logic_error(label() + ": its input gradient cannot take the output gradient's memory");
+  backward_over(x, y, dy);
+  // As backward: a replicated input's gradient is the sum of every shard's, and every
+  // shard of a group computed the same weight gradients.
+  if (!replicated() && input_replicated())
+    collective([&] { ctx_.group.allreduce_sum(dy.data(), dy.size()); });
+  if (replicated() && !ctx_.group_leader()) zero_weight_gradients();
+  return dy;
+}
+
+void Layer::backward_over(const Tensor&, const Tensor&, Tensor&) {
+  throw std::logic_error(label() + ": its kind writes no input gradient over the output gradient");
 }
 
 void Layer::release_saved() {
@@ -197,17 +216,24 @@ class BatchNormLayer : public Layer {
     ctx_.backend.from_host(ctx_.params.value(*rv), mv.data(), c * sizeof(float));
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (need_dx) dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    gradients(x, dy, need_dx ? dx.data() : nullptr);
+    return dx;
+  }
+  void backward_over(const Tensor& x, const Tensor&, Tensor& dy) override { gradients(x, dy, dy.data()); }
+  // The weight gradients, and the input gradient into dx unless it is null. dx may be dy:
+  // the sums read dy before the last pass writes dx, element by element.
+  void gradients(const Tensor& x, const Tensor& dy, float* dx) {
     const int c = x.c();
     const int64_t hw = int64_t(x.h()) * x.w();
     std::vector<double> sums(2 * size_t(c), 0.0);
     if (frozen()) {
       // The statistics are constants: dx = gamma * invstd * dy (the sums stay zero).
-      Tensor dx;
-      if (!need_dx) return dx;
-      dx = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "input gradient of " + label());
-      ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
-                                     weight("gamma:0"), sums.data(), sums.data() + c, 1.0, dx.data());
-      return dx;
+      if (dx)
+        ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
+                                       weight("gamma:0"), sums.data(), sums.data() + c, 1.0, dx);
+      return;
     }
     ctx_.backend.bn_backward_sums(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
                                   sums.data(), sums.data() + c);
@@ -215,15 +241,11 @@ class BatchNormLayer : public Layer {
     std::vector<float> dbeta(sums.begin(), sums.begin() + c), dgamma(sums.begin() + c, sums.end());
     if (float* g = weight_grad("gamma:0")) ctx_.backend.from_host(g, dgamma.data(), c * sizeof(float));
     if (float* b = weight_grad("beta:0")) ctx_.backend.from_host(b, dbeta.data(), c * sizeof(float));
-    Tensor dx;
-    if (need_dx) {
-      sum_over_batch(sums.data(), sums.size());
-      const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
-      dx = Tensor(ctx_.backend.allocator(), x.n(), c, x.h(), x.w(), "input gradient of " + label());
-      ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
-                                     weight("gamma:0"), sums.data(), sums.data() + c, count, dx.data());
-    }
-    return dx;
+    if (!dx) return;
+    sum_over_batch(sums.data(), sums.size());
+    const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
+    ctx_.backend.bn_backward_apply(x.n(), c, hw, dy.data(), x.data(), mean_.data(), invstd_.data(),
+                                   weight("gamma:0"), sums.data(), sums.data() + c, count, dx);
   }
 
  private:
@@ -246,6 +268,9 @@ class ReLULayer : public Layer {
     dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
     ctx_.backend.relu_backward(y.size(), y.data(), dy.data(), dx.data());
     return dx;
+  }
+  void backward_over(const Tensor&, const Tensor& y, Tensor& dy) override {
+    ctx_.backend.relu_backward(y.size(), y.data(), dy.data(), dy.data());
   }
 };
 
@@ -274,6 +299,9 @@ class ActivationLayer : public Layer {
     dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
     ctx_.backend.activation_backward(f_, args_, y.size(), x.data(), y.data(), dy.data(), dx.data());
     return dx;
+  }
+  void backward_over(const Tensor& x, const Tensor& y, Tensor& dy) override {
+    ctx_.backend.activation_backward(f_, args_, y.size(), x.data(), y.data(), dy.data(), dy.data());
   }
 
  private:

@@ -74,6 +74,9 @@ class Layer {
   Tensor backward(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) {
     return std::move(backward(LayerInputs{&x}, y, dy, {need_dx})[0]);
   }
+  // The backward of a layer for which step_schedule.hpp's backward_in_place holds, when its
+  // input gradient is needed: returns dy's memory holding the input gradient.
+  Tensor backward_in_place(const Tensor& x, const Tensor& y, Tensor dy);
   // Drops what forward kept for backward (the gathered inputs too).
   void release_saved();
 
@@ -88,6 +91,9 @@ class Layer {
   virtual Tensor forward_impl(const Tensor& x, ForwardMode mode) = 0;
   virtual Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) = 0;
   virtual Tensor forward_inputs(const LayerInputs& xs, ForwardMode mode) { return forward_impl(*xs[0], mode); }
+  // Kinds with LayerTraits::backward_in_place: backward_impl's work, the input gradient
+  // written over dy element by element.
+  virtual void backward_over(const Tensor& x, const Tensor& y, Tensor& dy);
   virtual std::vector<Tensor> backward_inputs(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
                                               const std::vector<bool>& need_dx) {
     std::vector<Tensor> dx;

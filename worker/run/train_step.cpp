@@ -56,8 +56,12 @@ void Trainer::backward(MicroBatch& a, int l) {
   const std::vector<int>& inputs = m.layers[l].inputs;
   std::vector<bool> need_dx;
   for (int t : inputs) need_dx.push_back(gradient_[size_t(t)]);
-  std::vector<Tensor> dx =
-      device_->layers[l]->backward(inputs_of(m, l, a.device), a.device[l + 1], a.grads[l + 1], need_dx);
+  std::vector<Tensor> dx;
+  if (backward_in_place(plan_, l) && need_dx[0])  // the input gradient in the output gradient's memory
+    dx.push_back(device_->layers[l]->backward_in_place(a.device[size_t(inputs[0])], a.device[l + 1],
+                                                        std::move(a.grads[l + 1])));
+  else
+    dx = device_->layers[l]->backward(inputs_of(m, l, a.device), a.device[l + 1], a.grads[l + 1], need_dx);
   device_->layers[l]->release_saved();
   a.device[l + 1].release();
   a.grads[l + 1].release();
