@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 
@@ -102,6 +103,7 @@ def main():
     for grid in ("[2,1]", "[1,1]"):
         tag = grid.strip("[]").replace(",", "x")
         run_dir = os.path.abspath(os.path.join(a.workdir, f"run-{tag}"))
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time: no checkpoints of the last
         sets = ["parallel.backend=cpu", f"parallel.grid={grid}", f"parallel.device_memory={CAP[grid]}",
                 "parallel.activations=auto", "training.steps=2", "checkpoint.resume=never",
                 f"run_dir={run_dir}", f"data.train={data}"]
