@@ -60,6 +60,7 @@ LayerKind leaky_relu() {
 LayerKind dropout() {
   LayerKind k = elementwise("dropout", "Dropout", "dropout");
   k.keys = {{"rate", KeyType::Unit, std::nullopt, "", 1, {}}};
+  k.traits.backward_in_place = true;
   return k;
 }
 
@@ -173,6 +174,7 @@ LayerKind gelu() {
 LayerKind drop_path() {
   LayerKind k = elementwise("drop_path", "Dropout", "drop_path");
   k.keys = {{"rate", KeyType::Unit, std::nullopt, "", 1, {}}};
+  k.traits.backward_in_place = true;
   return k;
 }
 
@@ -229,6 +231,7 @@ LayerKind image_norm(bool grouped) {
                        with_default("scale", KeyType::Bool, true)})
     k.keys.push_back(key);
   k.traits.input = LayerInput::FeatureMap;
+  k.traits.backward_in_place = true;
   k.shape = [grouped](LayerSpec& l) {
     require_feature_map(l);
     if (grouped && l.in.c % l.config.integer("groups") != 0)

@@ -431,14 +431,7 @@ void conv2d_backward_weights(const ConvGeom& g, const T* x, const T* dy, T* dw, 
     for (int n = 0; n < g.n; ++n)
       for (int b = 0; b < bands; ++b) task(g, x, dy, spans.data(), n, b, a);
   }
-  for (size_t i = 0; i < slot; ++i) {
-    double t = 0;
-    for (int j = 0; j < nthr; ++j) t += acc[size_t(j) * slot + i];
-    if (i < nw)
-      dw[i] = T(t);
-    else if (dbias)
-      dbias[i - nw] = T(t);
-  }
+  add_thread_slots(acc, nthr, nw, slot, dw, dbias);
 }
 
 template void conv2d_forward<float>(const ConvGeom&, const float*, const float*, const float*,

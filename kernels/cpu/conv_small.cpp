@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/dnnl_isa.hpp"
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
 
@@ -368,14 +369,7 @@ void small_conv_backward_weights(const ConvGeom& g, const float* x, const float*
     for (int n = 0; n < g.n; ++n)
       for (int b = 0; b < bands; ++b) task(g, x, dy, s, n, b, a);
   }
-  for (size_t i = 0; i < slot; ++i) {
-    double t = 0;
-    for (int j = 0; j < nthr; ++j) t += acc[size_t(j) * slot + i];
-    if (i < nw)
-      dw[i] = float(t);
-    else if (dbias)
-      dbias[i - nw] = float(t);
-  }
+  add_thread_slots(acc, nthr, nw, slot, dw, dbias);
 }
 
 }  // namespace ht::cpu

@@ -1,6 +1,9 @@
 // Row-level helpers shared by the plain-loop kernels (internal to kernels/cpu).
 #pragma once
 
+#include <cstddef>
+#include <vector>
+
 namespace ht::cpu {
 
 inline int div_floor(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
@@ -37,6 +40,21 @@ __attribute__((always_inline)) inline double sum(int n, const T* a) {
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j];
   return double(s);
+}
+
+// A weight gradient summed by `threads` threads, each into its own slot of `slot` doubles
+// (dw's nw, then dbias's): the slots added in thread order, so the result depends on the
+// thread count only. dbias may be null.
+template <class T>
+inline void add_thread_slots(const std::vector<double>& acc, int threads, size_t nw, size_t slot, T* dw, T* dbias) {
+  for (size_t i = 0; i < slot; ++i) {
+    double t = 0;
+    for (int j = 0; j < threads; ++j) t += acc[size_t(j) * slot + i];
+    if (i < nw)
+      dw[i] = T(t);
+    else if (dbias)
+      dbias[i - nw] = T(t);
+  }
 }
 
 }  // namespace ht::cpu

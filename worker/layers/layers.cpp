@@ -381,6 +381,9 @@ class DropoutLayer : public Layer {
   Tensor backward_impl(const Tensor&, const Tensor&, const Tensor& dy, bool need_dx) override {
     return need_dx ? apply(dy, "input gradient") : Tensor();
   }
+  void backward_over(const Tensor&, const Tensor&, Tensor& dy) override {
+    ctx_.backend.dropout_apply(mask(), dy.n(), dy.c(), dy.h(), dy.w(), dy.data(), dy.data());
+  }
 };
 
 // Max over the whole image: every shard's maxima are gathered over the sample group (each

@@ -173,6 +173,9 @@ class DropPathLayer : public PixelLayer {
   Tensor backward_impl(const Tensor&, const Tensor&, const Tensor& dy, bool need_dx) override {
     return need_dx ? apply(dy, "input gradient") : Tensor();
   }
+  void backward_over(const Tensor&, const Tensor&, Tensor& dy) override {
+    ctx_.backend.scale_images(dy.n(), int64_t(dy.c()) * plane(dy), dy.data(), factors(dy.n()).data(), dy.data());
+  }
 };
 
 // flatten: the gathered map as a channel vector in Keras's (h, w, c) order.
@@ -293,6 +296,15 @@ class ImageNormLayer : public PixelLayer {
     return y;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+    Tensor dx;
+    if (need_dx) dx = like(x, x.c(), "input gradient");
+    gradients(x, dy, need_dx ? dx.data() : nullptr);
+    return dx;
+  }
+  void backward_over(const Tensor& x, const Tensor&, Tensor& dy) override { gradients(x, dy, dy.data()); }
+  // The weight gradients, and the input gradient into dx unless it is null. dx may be dy:
+  // the sums read dy before the last pass writes dx, element by element.
+  void gradients(const Tensor& x, const Tensor& dy, float* dx) {
     const int n = x.n(), c = x.c();
     const size_t planes = size_t(n) * c;
     std::vector<double> s1(planes), s2(planes);  // per plane: sum dy, sum dy * (x - mean)
@@ -304,8 +316,7 @@ class ImageNormLayer : public PixelLayer {
     }
     set_weight_grad("gamma:0", dgamma);
     set_weight_grad("beta:0", dbeta);
-    Tensor dx;
-    if (!need_dx) return dx;
+    if (!dx) return;
     // dx = invstd (g - mean(g) - xhat mean(g xhat)), g = dy * gamma, over each group.
     const std::vector<float> gamma = host_weight("gamma:0", c);
     std::vector<double> a(planes), b(planes);
@@ -323,10 +334,8 @@ class ImageNormLayer : public PixelLayer {
       a[p] = -is * is * is * gb[group_of(p)] / count();
       b[p] = -is * ga[group_of(p)] / count();
     }
-    dx = like(x, c, "input gradient");
     ctx_.backend.plane_backward_apply(n, c, plane(x), dy.data(), x.data(), plane_mean_.data(), k.data(), a.data(),
-                                      b.data(), dx.data());
-    return dx;
+                                      b.data(), dx);
   }
 
  private:
