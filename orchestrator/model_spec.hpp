@@ -22,7 +22,9 @@ struct Shape3 {
 };
 
 // Whether s has more than `limit` elements, without overflow (sides of 1 to 2^31 - 1).
-inline bool exceeds(const Shape3& s, int64_t limit) { return int64_t(s.c) * s.h > limit / s.w; }
+inline bool exceeds(const Shape3& s, int64_t limit) {
+  return int64_t(s.c) * s.h > limit / s.w;
+}
 
 // How the output of a layer reads its input along one axis.
 enum class WindowKind {

@@ -35,12 +35,6 @@ namespace {
 
 constexpr int kBand = 4;  // output rows per task: a few KiB per channel, fits L1/L2
 
-// Small convolutions (deep layers of a small shard, tests) run on the calling thread:
-// a parallel region would cost more than the work.
-inline bool worth_parallel(const ConvGeom& g) {
-  return double(g.y_size()) * g.cin_per_group() * g.kh * g.kw > double(1 << 16);
-}
-
 // Output columns [lo, hi) whose tap `k` lands inside [0, in): 0 <= o*s - pad + k*d < in.
 struct Span {
   int lo, hi, in0;  // in0: input column of output column lo

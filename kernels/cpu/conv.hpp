@@ -87,7 +87,7 @@ class DnnlConv2d {
   struct Impl;
   ConvGeom g_;
   ConvKernels kernels_;
-  unsigned small_passes() const;  // the passes conv_small.hpp's kernels run
+  unsigned small_ = 0;  // the passes conv_small.hpp's kernels run
   std::unique_ptr<Impl> impl_;
 };
 

@@ -276,21 +276,18 @@ struct DnnlConv2d::Impl {
 DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, ConvKernels kernels) : g_(g), kernels_(kernels) {
   validate(g);
   impl_ = std::make_unique<Impl>(g, arena);
+  if (kernels == ConvKernels::Fastest) small_ = small_conv_passes(g);
 }
 DnnlConv2d::~DnnlConv2d() = default;
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;
-
-unsigned DnnlConv2d::small_passes() const {
-  return kernels_ == ConvKernels::Fastest ? small_conv_passes(g_) : 0;
-}
 
 void DnnlConv2d::forward(const float* x, const float* w, const float* bias, float* y) {
   // Few input channels (3x3, stride 1): the register-blocked kernels write NCHW directly,
   // where oneDNN pads the channels to its blocks and reorders x and y through scratches as
   // large as them (conv_small.hpp; measured in bench/RESULTS.md).
   Impl& m = *impl_;
-  if (small_passes() & kConvForward) {
+  if (small_ & kConvForward) {
     small_conv_forward(g_, x, w, bias, y, m.small_scratch(g_, kConvForward));
     return;
   }
@@ -310,7 +307,7 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
 
 void DnnlConv2d::backward_data(const float* dy, const float* w, float* dx) {
   Impl& m = *impl_;
-  if (small_passes() & kConvBackwardData) {
+  if (small_ & kConvBackwardData) {
     small_conv_backward_data(g_, dy, w, dx, m.small_scratch(g_, kConvBackwardData));
     return;
   }
@@ -336,7 +333,7 @@ void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, fl
     return;
   }
   Impl& m = *impl_;
-  if (small_passes() & kConvBackwardWeights) {
+  if (small_ & kConvBackwardWeights) {
     small_conv_backward_weights(g_, x, dy, dw, dbias, m.small_scratch(g_, kConvBackwardWeights));
     return;
   }
@@ -365,7 +362,7 @@ ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
   };
   // Passes that run the small-channel kernels take their bands in slot A; the loop
   // kernels (the weight gradient at one input channel) take no scratch.
-  const unsigned small = small_passes();
+  const unsigned small = small_;
   for (unsigned pass : {kConvForward, kConvBackwardData, kConvBackwardWeights}) {
     if (!(passes & small & pass)) continue;
     ConvScratch s;

@@ -60,8 +60,7 @@ int row_pitch(const ConvGeom& g) { return round_up(g.wout(), kWidest) + 2; }
 int bands_of(const ConvGeom& g) { return (g.hout() + kRows - 1) / kRows; }
 
 int threads_for(const ConvGeom& g, int threads) {
-  const bool worth = double(g.y_size()) * g.cin * 9 > double(1 << 16);  // as conv.cpp
-  return worth ? std::max(1, std::min(threads, g.n * bands_of(g))) : 1;
+  return worth_parallel(g) ? std::max(1, std::min(threads, g.n * bands_of(g))) : 1;
 }
 
 // Floats of one thread's scratch for the forward of g (its input band) and for its weight
@@ -303,23 +302,27 @@ void forward(const ConvGeom& g, const float* x, const float* w, const float* bia
 
 }  // namespace
 
-const char* small_conv_isa() {
-  static const bool enabled = conv_loops_vectorised() && dnnl_isa_reaches("avx2");
-  return !enabled ? "none" : use_avx512() ? "avx512" : "avx2";
+namespace {
+bool enabled() {
+  static const bool on = conv_loops_vectorised() && dnnl_isa_reaches("avx2");
+  return on;
 }
+}  // namespace
+
+const char* small_conv_isa() { return !enabled() ? "none" : use_avx512() ? "avx512" : "avx2"; }
 
 unsigned small_conv_passes(const ConvGeom& g) {
-  if (std::string(small_conv_isa()) == "none") return 0;
+  if (!enabled()) return 0;
   if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
       g.groups != 1 || g.cin > kMaxChannels)
     return 0;
   // Which passes beat oneDNN's was measured pass by pass (bench/speed.py, table 5; 2 cores,
-  // AVX-512). The forward: at one input channel always (oneDNN's is 2.5x slower), else up to
-  // 16 output channels (with 32 and more oneDNN's blocks are full and it was 10-35% faster).
+  // AVX-512). The forward: at one input channel always (oneDNN's took 1.8-2.7x as long), else
+  // up to 16 output channels (with 32 and more oneDNN's blocks are full: it was 8-37% faster).
   unsigned passes = 0;
   if (g.cin == 1 || g.cout <= kMaxChannels) passes |= kConvForward;
-  // Backward data, the forward over cout channels padded by 2 - pad: 0.4-0.9 of oneDNN's
-  // time wherever its output has few channels.
+  // Backward data, the forward over cout channels padded by 2 - pad: 0.1-1.0 of oneDNN's
+  // time wherever its output has few channels (one noisy run 1.33).
   if (std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) <= 2) passes |= kConvBackwardData;
   // The weight gradient reads each output-gradient vector for 9 x cin products: at 1-4
   // input channels too few to pay for turning the band pixel-major (conv.cpp's loops and

@@ -1,8 +1,11 @@
-// Row-level helpers shared by the plain-loop kernels (internal to kernels/cpu).
+// Helpers shared by the plain-loop kernels and the few-channel convolutions (internal to
+// kernels/cpu).
 #pragma once
 
 #include <cstddef>
 #include <vector>
+
+#include "kernels/geometry.hpp"
 
 namespace ht::cpu {
 
@@ -40,6 +43,12 @@ __attribute__((always_inline)) inline double sum(int n, const T* a) {
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j];
   return double(s);
+}
+
+// Small convolutions (deep layers of a small shard, tests) run on the calling thread:
+// a parallel region would cost more than the work.
+inline bool worth_parallel(const ConvGeom& g) {
+  return double(g.y_size()) * g.cin_per_group() * g.kh * g.kw > double(1 << 16);
 }
 
 // A weight gradient summed by `threads` threads, each into its own slot of `slot` doubles
