@@ -23,6 +23,20 @@ struct ConvGeom {
   size_t w_size() const { return size_t(cout) * cin_per_group() * kh * kw; }
 };
 
+// Batch norm, ReLU and a max pool whose windows tile the plane (kernel == stride, no
+// padding) as one fused chain (kernels/cpu/norm_relu_pool.hpp): the pool reads ho = h / kh
+// by wo = w / kw windows (rows and columns past the last whole window are in no window) and
+// keeps one byte per window, the position of its maximum, or kNoArgmax where the maximum is
+// not above 0 (ReLU passes it no gradient). kh * kw < kNoArgmax.
+constexpr unsigned char kNoArgmax = 255;
+struct NormPoolShape {
+  int n = 1, c = 1, h = 1, w = 1, kh = 2, kw = 2;
+  int ho() const { return h / kh; }
+  int wo() const { return w / kw; }
+  size_t x_size() const { return size_t(n) * c * h * w; }
+  size_t y_size() const { return size_t(n) * c * ho() * wo(); }
+};
+
 // How a factor per plane of an NCHW tensor is indexed: one per (image, channel) plane (a
 // channel vector broadcast over its map), or one per channel (layer scale).
 enum class PlaneFactor { PerPlane, PerChannel };

@@ -232,6 +232,7 @@ std::string to_yaml(const Config& c) {
   if (p.threads == 0) out << "auto";
   else out << p.threads;
   out << YAML::Key << "cpu_isa" << YAML::Value << p.cpu_isa;
+  out << YAML::Key << "fuse" << YAML::Value << p.fuse;
   out << YAML::EndMap;
 
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;

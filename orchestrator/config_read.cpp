@@ -248,7 +248,7 @@ void read_training(const MapReader& root, TrainingConfig& t) {
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
   MapReader r(root["parallel"],
-              {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads", "cpu_isa"});
+              {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads", "cpu_isa", "fuse"});
   p.backend = r.get_choice("backend", Backend::CPU, {"cpu", "cuda"}, {Backend::CPU, Backend::CUDA});
   if (Item g = r["grid"]; g.present) {
     const char* what = "[rows, cols] (integers >= 1) or auto";
@@ -288,6 +288,7 @@ void read_parallel(const MapReader& root, ParallelConfig& p) {
     if (p.cpu_isa != "auto" && std::find(names.begin(), names.end(), p.cpu_isa) == names.end())
       isa.expected(fmt::format("auto or one of oneDNN's CPU ISAs: {}", fmt::join(names, ", ")));
   }
+  p.fuse = r.get_bool("fuse", p.fuse);
   p.activations = r.get_choice(
       "activations", ActivationPolicy::Auto, {"auto", "keep", "offload", "recompute"},
       {ActivationPolicy::Auto, ActivationPolicy::Keep, ActivationPolicy::Offload, ActivationPolicy::Recompute});

@@ -135,11 +135,16 @@ uint64_t StepMemory::lower_bound() const {
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
     // A backward holds its input, its output, their gradients; one of them where the input
-    // gradient takes the output gradient's memory.
+    // gradient takes the output gradient's memory. A chain that may be fused holds at
+    // least its input and its gradient (fused_chains).
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
-      if (makes_input_gradient(m.layers[l]))
+      if (z.chain_tail >= 0) {
+        if (makes_input_gradient(m.layers[l])) step = std::max(step, 2 * z.owned_in);
+        l = size_t(z.chain_tail);
+      } else if (makes_input_gradient(m.layers[l])) {
         step = std::max(step, z.dx_over_dy ? z.owned_in + 2 * z.out : 2 * (z.owned_in + z.out));
+      }
     }
     const uint64_t tiles = (r.input + r.targets) * (r.staged ? 2 : 1);
     bound = std::max(bound, fixed + r.conv_scratch + tiles + step);
@@ -173,6 +178,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
   const ModelSpec& m = plan.model;
   const RankSizes sizes = rank_sizes(config, plan, rank);
   const uint64_t slots = replicated_state(config, m).optimizer_slots;
+  const std::vector<int> fused = fused_chains(sizes);
   std::vector<LayerMemory> out;
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& L = m.layers[l];
@@ -181,6 +187,22 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
     x.params = uint64_t(L.param_count(false)) * kFloat;
     x.grads = uint64_t(L.param_count(true)) * kFloat * (config.training.accumulate > 1 ? 2 : 1);
     x.optimizer = slots * uint64_t(L.param_count(true)) * kFloat;
+    if (fused[size_t(l)] >= 0) {
+      // A fused chain (step_schedule.hpp): the batch norm keeps the argmax bytes and makes
+      // the chain's input gradient from the pool's output gradient; the ReLU makes nothing;
+      // the pool's output is kept as its policy says.
+      const LayerSizes& head = sizes.layers[size_t(fused[size_t(l)])];
+      if (fused[size_t(l)] == l) {
+        x.activations = z.argmax;
+        x.transient = sizes.layers[size_t(z.chain_tail)].out + (makes_input_gradient(L) ? z.owned_in : 0);
+      } else if (head.chain_tail == l) {
+        if (policies[l] == ActivationPolicy::Offload) x.offloaded = z.out;
+        else if (policies[l] == ActivationPolicy::Keep) x.activations = z.out;
+        x.transient = z.out;
+      }
+      out.push_back(x);
+      continue;
+    }
     const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
     switch (policies[l]) {
       case ActivationPolicy::Offload: x.offloaded = z.out; break;

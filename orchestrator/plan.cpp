@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "orchestrator/layer_kind.hpp"
+#include "orchestrator/step_schedule.hpp"
 
 namespace ht {
 
@@ -27,16 +28,23 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // A lower bound on the busiest rank of any S-shard grid, under any policy: when layer
   // l >= 1 makes its input gradient, its input and output are on the device (restored
   // for its backward), with the output gradient and the new input gradient (in the same
-  // memory where LayerTraits::backward_in_place), beside the image tile and targets. Owned
-  // tiles partition the image, so some rank holds at least 1/S of the whole image's sizes.
+  // memory where LayerTraits::backward_in_place), beside the image tile and targets; a
+  // chain that may be fused (step_schedule.hpp chain_in_model), its input and the input's
+  // gradient. Owned tiles partition the image, so some rank holds at least 1/S of the whole
+  // image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };
   uint64_t scaled = 0;
-  for (int l = 1; l < int(m.layers.size()); ++l) {
+  for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& spec = m.layers[l];
-    if (!spec.spatial || !spec.out_spatial) continue;
     const uint64_t in = whole(spec.in), out = whole(spec.out);
+    if (const int tail = chain_in_model(config, m, l); tail >= 0) {
+      if (l >= 1) scaled = std::max(scaled, whole(m.input) + 2 * in);
+      l = tail;
+      continue;
+    }
+    if (l < 1 || !spec.spatial || !spec.out_spatial) continue;
     scaled = std::max(scaled, whole(m.input) + (spec.kind().traits.backward_in_place ? in + 2 * out : 2 * (in + out)));
   }
   const uint64_t workspace = cudnn_workspace_bytes(config, model);

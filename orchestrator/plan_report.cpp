@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "orchestrator/step_schedule.hpp"
+
 namespace ht {
 
 namespace {
@@ -232,6 +234,18 @@ std::string render_plan_text(const Config& config, const Plan& job) {
                                                                         : fmt::format("the other {} layers", kept)));
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute})
     line(fmt::format("  {:<10} {}", to_string(p), layers_with(m, policies, p)));
+  // Fused chains (step_schedule.hpp fused_chains): the same on every rank.
+  const std::vector<int> fused = fused_chains(rank_sizes(config, plan, 0));
+  std::vector<std::string> chains;
+  for (int l = 0; l < int(fused.size()); ++l) {
+    if (fused[size_t(l)] != l) continue;
+    std::string chain = m.layers[size_t(l)].config.name;
+    for (int k = l + 1; k < int(fused.size()) && fused[size_t(k)] == l; ++k) chain += " + " + m.layers[size_t(k)].config.name;
+    chains.push_back(chain);
+  }
+  if (!chains.empty())
+    line(fmt::format("  {:<10} {} (one pass: the batch norm's and ReLU's outputs are never made; parallel.fuse)",
+                     "fused", fmt::join(chains, ", ")));
   line("");
 
   s += memory_table_text(config, job);

@@ -43,6 +43,52 @@ bool backward_in_place(const ShardPlan& plan, int l) {
   return spec.kind().traits.backward_in_place && spec.inputs.size() == 1 && !plan.layers[size_t(l)].gathers;
 }
 
+int chain_in_model(const Config& config, const ModelSpec& m, int head) {
+  const int pool = head + 2;
+  if (config.parallel.backend != Backend::CPU || !config.parallel.fuse || pool >= int(m.layers.size())) return -1;
+  const LayerSpec& bn = m.layers[size_t(head)];
+  const LayerSpec& relu = m.layers[size_t(head) + 1];
+  const LayerSpec& mp = m.layers[size_t(pool)];
+  auto read_only_by = [&](int t, int reader) { return m.readers[size_t(t)] == std::vector<int>{reader}; };
+  if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 || relu.config.type() != "relu" ||
+      mp.config.type() != "max_pool2d" || !read_only_by(head + 1, head + 1) || !read_only_by(head + 2, pool))
+    return -1;
+  auto tiles = [](const Window1D& w) {
+    return w.kernel == w.stride && w.dilation == 1 && w.pad_lo == 0 && w.pad_hi == 0 && w.ceil_extra == 0;
+  };
+  if (!tiles(mp.rows) || !tiles(mp.cols) || mp.rows.kernel * mp.cols.kernel >= 255) return -1;
+  return pool;
+}
+
+int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
+  const int pool = chain_in_model(config, plan.model, head);
+  if (pool < 0) return -1;
+  // Sharded like the image (not gathered, not the same on every shard of a group).
+  if (plan.replicated[size_t(plan.model.layers[size_t(head)].inputs[0])]) return -1;
+  for (int k = head; k <= pool; ++k)
+    if (plan.layers[size_t(k)].gathers || !plan.layers[size_t(k)].sharded) return -1;
+  const Window1D &rows = plan.model.layers[size_t(pool)].rows, &cols = plan.model.layers[size_t(pool)].cols;
+  // Every rank's windows start at the first row and column it owns, read nothing of its
+  // neighbours' (no halo) and leave fewer than a window's rows and columns over (the last
+  // shard of an odd size).
+  auto pools_own = [](const Range& in, const Range& need, const Range& out, int k) {
+    return need.lo >= in.lo && need.hi <= in.hi && out.lo * k == in.lo && in.size() / k == out.size();
+  };
+  for (int r = 0; r < plan.world(); ++r) {
+    const Rect in = plan.owned_input(pool, r), need = plan.needed_input(pool, r), out = plan.owned_output(pool, r);
+    if (!pools_own(in.rows, need.rows, out.rows, rows.kernel) || !pools_own(in.cols, need.cols, out.cols, cols.kernel))
+      return -1;
+  }
+  return pool;
+}
+
+std::vector<int> fused_chains(const RankSizes& sizes) {
+  std::vector<int> head(sizes.layers.size(), -1);
+  for (size_t l = 0; l < sizes.layers.size(); ++l)
+    for (int k = int(l); k <= sizes.layers[l].chain_tail; ++k) head[size_t(k)] = int(l);
+  return head;
+}
+
 RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   const ModelSpec& m = plan.model;
   const int b = local_batch(config, plan), L = int(m.layers.size());
@@ -82,6 +128,11 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
         z.padded = round_device_scratch(uint64_t(b) * spec.in.c * uint64_t(need.rows.size() + extra_h) *
                                              uint64_t(need.cols.size() + extra_w) * kFloat);
     }
+    if (use == ConvUse::Training) z.chain_tail = fusable_chain(config, plan, l);
+    if (z.chain_tail >= 0) {
+      const Rect pooled = plan.owned_output(z.chain_tail, rank);
+      z.argmax = (uint64_t(pooled.area()) * uint64_t(spec.out.c) * uint64_t(b) + kFloat - 1) / kFloat * kFloat;
+    }
     r.layers.push_back(z);
   }
   return r;
@@ -120,7 +171,8 @@ class StepWalk {
         policy_(policies),
         own_gradient_(gradient.empty() ? gradient_flow(m) : std::vector<char>()),
         gradient_(gradient.empty() ? own_gradient_ : gradient),
-        sink_(sink) {}
+        sink_(sink),
+        fused_(fused_chains(sizes)) {}
 
   // One batch of inference (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp).
   void run_inference(const ShardPlan& plan, int rank, Inference kind) {
@@ -201,7 +253,13 @@ class StepWalk {
     const std::vector<int>& in = inputs(l);
     return std::find(in.begin(), in.begin() + k, in[k]) == in.begin() + k;
   }
-  uint64_t act_bytes(int t) const { return t == 0 ? z_.input : at(t - 1).out; }
+  uint64_t act_bytes(int t) const { return t == 0 ? z_.input : inner_of_chain(t) ? 0 : at(t - 1).out; }
+  // Fusion (fused_chains): whether layer l is part of a fused chain this step, and whether
+  // tensor t is made inside one (the batch norm's or the ReLU's output): never made.
+  bool fused(int l) const { return fused_[size_t(l)] >= 0; }
+  bool inner_of_chain(int t) const {
+    return t > 0 && fused(t - 1) && at(fused_[size_t(t) - 1]).chain_tail != t - 1;
+  }
 
   // One phase of an exchange (HaloExchange::start_phase, finish_phase): the buffer packed
   // for the peers and the one received into, both freed at its end. A backward exchange
@@ -242,7 +300,8 @@ class StepWalk {
 
   // A layer's forward. Training keeps the gathered inputs for backward, and the extended
   // input where the policy says; inference frees both once the output is made.
-  void forward(int l) {
+  void forward(int l, bool again = false) {
+    if (fused(l)) return fused_forward(l, again);
     const K saved = inference_ ? K::Transient : K::Activations;
     for (uint64_t whole : at(l).gathered) alloc(saved, whole);  // Layer::gather_inputs
     const bool w = windowed(l);
@@ -257,6 +316,17 @@ class StepWalk {
       for (uint64_t whole : at(l).gathered) release(saved, whole);
     else
       where_[l + 1] = Where::Device;
+  }
+
+  // A fused chain's forward, all of it at the batch norm's: the pool's output and argmax
+  // (a recompute makes the output again; the argmax bytes stay from the forward).
+  void fused_forward(int l, bool again) {
+    where_[l + 1] = Where::Device;  // the inner tensors too, for the walk's bookkeeping
+    if (fused_[size_t(l)] != l) return;
+    const int tail = at(l).chain_tail;
+    alloc(K::Activations, act_bytes(tail + 1));
+    if (!again) alloc(K::Activations, at(l).argmax);
+    where_[tail + 1] = Where::Device;
   }
 
   // InferenceWorker::predict: in rank order, every rank whose output counts sends it to rank
@@ -299,9 +369,10 @@ class StepWalk {
       release(K::Host, act_bytes(t));
       where_[t] = Where::Device;
     } else if (where_[t] == Where::Dropped) {
-      for (int u : inputs(t - 1)) restore(u);
-      begin(A::Recompute, t - 1);
-      forward(t - 1);
+      const int l = fused(t - 1) ? fused_[size_t(t) - 1] : t - 1;  // a fused chain runs again whole
+      for (int u : inputs(l)) restore(u);
+      begin(A::Recompute, l);
+      forward(l, true);
     }
   }
 
@@ -333,7 +404,11 @@ class StepWalk {
   void skip_backward(int l) {
     begin(A::SkipBackward, l);
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
-    if (keeps_ext(l)) release(K::Activations, at(l).ext);
+    if (fused(l)) {  // a fused chain keeps its argmax bytes at its head
+      if (fused_[size_t(l)] == l) release(K::Activations, at(l).argmax);
+    } else if (keeps_ext(l)) {
+      release(K::Activations, at(l).ext);
+    }
     if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));
     if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
   }
@@ -375,8 +450,29 @@ class StepWalk {
     release(K::Transient, at(l).ext);
   }
 
+  // A fused chain's backward: the ReLU and the pool pass the pool's output gradient down (the
+  // pool's output goes); the batch norm makes the chain's input gradient from it.
+  void fused_backward(int l) {
+    const int t = inputs(l)[0];
+    if (fused_[size_t(l)] != l) {
+      release(K::Activations, act_bytes(l + 1));
+      where_[l + 1] = Where::Freed;
+      has_grad_[t] = true;
+      return;
+    }
+    const bool dx = makes_dx(l, 0);
+    if (dx) alloc(K::Transient, at(l).owned_in);
+    release(K::Activations, at(l).argmax);
+    release(K::Transient, act_bytes(at(l).chain_tail + 1));  // the pool's output gradient
+    where_[l + 1] = Where::Freed;
+    if (!dx) return;
+    if (has_grad_[t]) release(K::Transient, at(l).owned_in);
+    has_grad_[t] = true;
+  }
+
   void backward(int l) {
     begin(A::Backward, l);
+    if (fused(l)) return fused_backward(l);
     const uint64_t dy = act_bytes(l + 1);
     // Layer::backward_over: the input gradient is the output gradient's memory.
     const bool over = at(l).dx_over_dy && makes_dx(l, 0);
@@ -416,7 +512,7 @@ class StepWalk {
       forward(l);
       for (size_t k = 0; k < inputs(l).size(); ++k) {
         const int t = inputs(l)[k];
-        if (t > 0 && first_mention(l, k) && m_.last_reader(t) == l) stash(t);
+        if (t > 0 && first_mention(l, k) && m_.last_reader(t) == l && !inner_of_chain(t)) stash(t);
       }
     }
     finish_offload();
@@ -459,6 +555,7 @@ class StepWalk {
   int leaving_ = -1;            // offloaded, its device copy freed after the next layer's forward
   bool cuda_workspace_ = false;
   uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
+  std::vector<int> fused_;  // fused_chains: per layer, the head of its chain or -1
 };
 
 // Stores the operations.
@@ -504,7 +601,9 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   s.rank = rank;
   s.micro_batches = config.training.accumulate;
   Recorder recorder(s);
-  walk_training_step(config, plan.model, rank_sizes(config, plan, rank), policies, gradient, recorder);
+  const RankSizes sizes = rank_sizes(config, plan, rank);
+  walk_training_step(config, plan.model, sizes, policies, gradient, recorder);
+  s.fused = fused_chains(sizes);
   return s;
 }
 

@@ -66,6 +66,10 @@ struct LayerSizes {
   bool in_place = false;   // needed == owned: no extended copy
   bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
+  // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
+  // chain's max pool, and the bytes of the pool's argmax (one per window, in whole floats).
+  int chain_tail = -1;
+  uint64_t argmax = 0;
 };
 struct RankSizes {
   uint64_t input = 0, targets = 0;
@@ -83,6 +87,29 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
 // gradient is then cut to this rank's part). Layer::backward_over does it; the schedule
 // then allocates no input gradient and frees no output gradient.
 bool backward_in_place(const ShardPlan& plan, int l);
+
+// Pointwise fusion, a property of the schedule (the layers stay separate descriptions): a
+// batch norm on a feature map, read only by a ReLU, read only by a max pool whose windows
+// tile its input on every rank (kernel == stride, no padding, no halo), runs as one chain
+// (kernels/cpu/norm_relu_pool.hpp). The batch norm's Forward gathers its statistics and
+// writes only the pool's output and one argmax byte per window; the batch norm's and the
+// ReLU's outputs are never made, so their policies have nothing to act on. The ReLU's and
+// the pool's Forward do nothing; their Backward pass the pool's output gradient down as it
+// is (the pool's frees its output), and the batch norm's Backward makes the chain's input
+// gradient from it, the argmax bytes and the batch norm's input. The pool's output is
+// offloaded or dropped as its policy says like any other; dropped, the whole chain is
+// recomputed (at the batch norm, making the output again and keeping the argmax bytes).
+// Every policy runs the same kernels, so their results stay the same bits.
+//
+// fusable_chain: the chain's pool when layer `head` may head one in a training step of this
+// plan (the CPU backend, which has the fused kernels; the plan's shapes and halos), else -1;
+// chain_in_model: the same from the model's shapes alone (no halos), for bounds that hold
+// on every grid. fused_chains: per layer, the head of the fusable chain it is part of
+// (LayerSizes::chain_tail), else -1. Where no gradient reaches a chain (a frozen stem) its
+// SkipBackward drop the argmax bytes and the pool's output.
+int fusable_chain(const Config& config, const ShardPlan& plan, int head);
+int chain_in_model(const Config& config, const ModelSpec& model, int head);
+std::vector<int> fused_chains(const RankSizes& sizes);
 
 // Whether a windowed layer keeps its halo-extended input from forward to backward (under
 // keep, when its backward reads it and it is not the input itself).
@@ -150,6 +177,7 @@ struct StepSchedule {
   int micro_batches = 1;
   size_t micro_begin = 1, micro_end = 1;
   std::vector<StepOp> ops;
+  std::vector<int> fused;  // training: fused_chains, per layer the head of its chain or -1
 };
 
 // Receives a step's operations as they are walked: the memory model tallies them without

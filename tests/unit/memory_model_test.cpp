@@ -229,6 +229,59 @@ TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
   EXPECT_GE(off.total(), keep.total());
 }
 
+// conv -> batch norm -> ReLU -> 2x2 max pool on CPU: the batch norm's Forward makes the
+// pool's output and one argmax byte per window, the ReLU's and the pool's nothing; the
+// backward passes the pool's output gradient down to the batch norm, which makes the conv
+// output's gradient. Under recompute the chain runs again whole, at the batch norm.
+TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
+  const Config c = classifier();
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const int rank = 1, b = 4;
+  const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, b), pooled = tile_bytes(p.owned_output(3, rank), 8, b);
+  const uint64_t argmax = (pooled / 4 + 3) / 4 * 4;  // a byte per window, in whole floats
+  const StepSchedule s = training_schedule(c, p, rank, uniform_policies(m, ActivationPolicy::Keep));
+  EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, 1, -1, -1, -1, -1}));
+  auto events = [&](StepAction a, int l) {
+    for (const StepOp& op : s.ops)
+      if (op.action == a && op.index == l) {
+        std::vector<int64_t> bytes;
+        for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
+        return bytes;
+      }
+    ADD_FAILURE() << step_action_name(a) << " " << l << " not in the schedule";
+    return std::vector<int64_t>{};
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(events(StepAction::Forward, 1), (V{int64_t(pooled), int64_t(argmax)}));
+  EXPECT_EQ(events(StepAction::Forward, 2), V{});
+  EXPECT_EQ(events(StepAction::Forward, 3), V{});
+  EXPECT_EQ(events(StepAction::Backward, 3), V{-int64_t(pooled)});  // the pool's output
+  EXPECT_EQ(events(StepAction::Backward, 2), V{});
+  EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(argmax), -int64_t(pooled)}));
+
+  LayerPolicies drop_pool = uniform_policies(m, ActivationPolicy::Keep);
+  drop_pool[3] = ActivationPolicy::Recompute;
+  const StepSchedule rec = training_schedule(c, p, rank, drop_pool);
+  EXPECT_EQ(rec.fused, s.fused);
+  int recomputes = 0;
+  for (const StepOp& op : rec.ops) {
+    if (op.action != StepAction::Recompute || op.index < 1 || op.index > 3) continue;
+    EXPECT_EQ(op.index, 1);
+    ASSERT_EQ(op.events.size(), 1u);
+    EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay from the forward
+    ++recomputes;
+  }
+  EXPECT_EQ(recomputes, 1);
+  // Two tensors of the conv output's size fewer than unfused, less the argmax.
+  const uint64_t fused = estimate_memory(c, p, rank).activations;
+  Config cuda = c;
+  cuda.parallel.backend = Backend::CUDA;
+  EXPECT_EQ(training_schedule(cuda, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
+            std::vector<int>(8, -1));
+  EXPECT_LT(fused + x, estimate_memory(cuda, p, rank).activations);
+}
+
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
   const Config c = classifier();
   const ModelSpec m = build_model_spec(c);
@@ -236,7 +289,9 @@ TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
   const MemoryEstimate two = estimate_memory_max(c, make_shard_plan(m, {2, 1}));
   const double ratio = double(two.activations) / double(one.activations);
   EXPECT_GE(ratio, 0.5);
-  EXPECT_LE(ratio, 0.56);
+  // The halo-extended inputs are a larger share where the fused chain makes neither the
+  // normalised tensor nor the ReLU's output.
+  EXPECT_LE(ratio, 0.6);
   EXPECT_EQ(two.params, one.params);  // replicated
   // Two sample groups halve the local batch instead.
   const MemoryEstimate grouped = estimate_memory_max(c, make_shard_plan(m, {1, 1}, 2));

@@ -51,7 +51,45 @@ void Trainer::restore(MicroBatch& a, int i) {
   a.host[i].release();  // later copies into this block queue behind this one
 }
 
+int Trainer::chain_tail(int head) const {
+  int tail = head;
+  while (size_t(tail) + 1 < schedule_.fused.size() && schedule_.fused[size_t(tail) + 1] == head) ++tail;
+  return tail;
+}
+
+void Trainer::forward_chain(MicroBatch& a, int l, ForwardMode mode) {
+  if (schedule_.fused[size_t(l)] != l) return;  // the chain ran at its head
+  const int tail = chain_tail(l);
+  a.device[size_t(tail) + 1] =
+      device_->layers[l]->forward_chain(a.device[size_t(plan_.model.layers[l].inputs[0])], tail, mode);
+}
+
+void Trainer::backward_chain(MicroBatch& a, int l) {
+  const int t = plan_.model.layers[l].inputs[0];
+  if (schedule_.fused[size_t(l)] != l) {  // the ReLU and the pool pass the output gradient down
+    a.device[l + 1].release();
+    a.grads[t] = std::move(a.grads[l + 1]);
+    return;
+  }
+  const bool need_dx = gradient_[size_t(t)];
+  Tensor dx = device_->layers[l]->backward_chain(a.device[t], a.grads[l + 1], chain_tail(l), need_dx);
+  device_->layers[l]->release_saved();
+  a.grads[l + 1].release();
+  if (need_dx) add_gradient(a, t, std::move(dx));
+}
+
+void Trainer::add_gradient(MicroBatch& a, int t, Tensor dx) {
+  Tensor& sum = a.grads[t];
+  if (sum.empty()) {
+    sum = std::move(dx);
+  } else {
+    device_->backend->add(sum.data(), dx.data(), sum.size());
+    dx.release();
+  }
+}
+
 void Trainer::backward(MicroBatch& a, int l) {
+  if (schedule_.fused[size_t(l)] >= 0) return backward_chain(a, l);
   const ModelSpec& m = plan_.model;
   const std::vector<int>& inputs = m.layers[l].inputs;
   std::vector<bool> need_dx;
@@ -65,16 +103,8 @@ void Trainer::backward(MicroBatch& a, int l) {
   device_->layers[l]->release_saved();
   a.device[l + 1].release();
   a.grads[l + 1].release();
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    Tensor& sum = a.grads[inputs[k]];
-    if (!need_dx[k]) continue;
-    if (sum.empty()) {
-      sum = std::move(dx[k]);
-    } else {
-      device_->backend->add(sum.data(), dx[k].data(), sum.size());
-      dx[k].release();
-    }
-  }
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (need_dx[k]) add_gradient(a, inputs[k], std::move(dx[k]));
 }
 
 void Trainer::loss_gradient(MicroBatch& a, int64_t step) {
@@ -117,11 +147,15 @@ void Trainer::run_op(const StepOp& op, MicroBatch* a, int64_t step, int micro) {
       break;
     }
     case StepAction::Forward:
-    case StepAction::Recompute:
-      a->device[i + 1] = device_->layers[i]->forward(
-          inputs_of(m, i, a->device), op.action == StepAction::Forward ? ForwardMode::Train : ForwardMode::Recompute);
+    case StepAction::Recompute: {
+      const ForwardMode mode = op.action == StepAction::Forward ? ForwardMode::Train : ForwardMode::Recompute;
+      if (schedule_.fused[size_t(i)] >= 0)
+        forward_chain(*a, i, mode);
+      else
+        a->device[i + 1] = device_->layers[i]->forward(inputs_of(m, i, a->device), mode);
       note_progress();
       break;
+    }
     case StepAction::Stash: stash(*a, i); break;
     case StepAction::FinishOffload: finish_offload(*a, i); break;
     case StepAction::LossGradient: loss_gradient(*a, step); break;

@@ -81,6 +81,12 @@ class Trainer {
   void prefetch(MicroBatch& a, int index);        // starts bringing acts[index] back
   void restore(MicroBatch& a, int index);         // acts[index], fetched back, ready for compute
   void backward(MicroBatch& a, int layer);
+  // A fused chain (step_schedule.hpp fused_chains): its forward and backward run at its
+  // head; its other layers pass on.
+  int chain_tail(int head) const;
+  void forward_chain(MicroBatch& a, int layer, ForwardMode mode);
+  void backward_chain(MicroBatch& a, int layer);
+  void add_gradient(MicroBatch& a, int tensor, Tensor dx);  // summed into grads[tensor]
   void loss_gradient(MicroBatch& a, int64_t step);
   void sum_gradients(int micro);
   MetricValues validate();  // collective: loss and metrics over data.validation, inference mode

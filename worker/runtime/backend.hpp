@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,35 @@ class ComputeBackend {
                                  const float* gamma, const double* host_sum_dy,
                                  const double* host_sum_dy_xhat, double count, float* dx) = 0;
 
+  // Batch norm, ReLU and a tiling max pool as one fused chain (kernels/geometry.hpp
+  // NormPoolShape; orchestrator/step_schedule.hpp fused_chains): the forward writes the
+  // pooled tensor and one argmax byte per window; the backward's sums (overwritten) and its
+  // input gradient read the pooled gradient and the argmax bytes. The step schedule fuses
+  // on the CPU backend only; another backend throws std::logic_error.
+  virtual void bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* host_mean,
+                                        const double* host_invstd, const float* gamma, const float* beta,
+                                        float* y, uint8_t* argmax) {
+    (void)s, (void)x, (void)host_mean, (void)host_invstd, (void)gamma, (void)beta, (void)y, (void)argmax;
+    not_fused();
+  }
+  virtual void bn_relu_max_pool_backward_sums(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                              const float* x, const double* host_mean,
+                                              const double* host_invstd, double* host_sum_dy,
+                                              double* host_sum_dy_xhat) {
+    (void)s, (void)dy, (void)argmax, (void)x, (void)host_mean, (void)host_invstd, (void)host_sum_dy,
+        (void)host_sum_dy_xhat;
+    not_fused();
+  }
+  virtual void bn_relu_max_pool_backward_apply(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                               const float* x, const double* host_mean,
+                                               const double* host_invstd, const float* gamma,
+                                               const double* host_sum_dy, const double* host_sum_dy_xhat,
+                                               double count, float* dx) {
+    (void)s, (void)dy, (void)argmax, (void)x, (void)host_mean, (void)host_invstd, (void)gamma, (void)host_sum_dy,
+        (void)host_sum_dy_xhat, (void)count, (void)dx;
+    not_fused();
+  }
+
   // The same per (image, channel) plane p < n * c (instance and group norm; kernels/cpu/
   // norm.hpp): host arrays of n * c, sums overwritten.
   virtual void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
@@ -176,6 +206,11 @@ class ComputeBackend {
                          double beta1, double beta2, double eps, int64_t step) = 0;
 
   virtual void synchronize() {}
+
+ private:
+  [[noreturn]] static void not_fused() {
+    throw std::logic_error("this backend has no fused batch norm + ReLU + max pool (the step schedule fuses on CPU)");
+  }
 };
 
 struct BackendOptions {

@@ -10,6 +10,7 @@
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/loss.hpp"
 #include "kernels/cpu/norm.hpp"
+#include "kernels/cpu/norm_relu_pool.hpp"
 #include "kernels/cpu/optim.hpp"
 #include "kernels/cpu/pixel.hpp"
 #include "kernels/cpu/pool.hpp"
@@ -162,6 +163,24 @@ class CpuBackend : public ComputeBackend {
                          const double* invstd, const float* gamma, const double* sum_dy,
                          const double* sum_dy_xhat, double count, float* dx) override {
     cpu::bn_backward_apply(n, c, hw, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+  }
+
+  void bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* mean, const double* invstd,
+                                const float* gamma, const float* beta, float* y, uint8_t* argmax) override {
+    cpu::bn_relu_max_pool_forward(s, x, mean, invstd, gamma, beta, y, argmax);
+  }
+  void bn_relu_max_pool_backward_sums(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                      const float* x, const double* mean, const double* invstd, double* sum_dy,
+                                      double* sum_dy_xhat) override {
+    std::fill(sum_dy, sum_dy + s.c, 0.0);
+    std::fill(sum_dy_xhat, sum_dy_xhat + s.c, 0.0);
+    cpu::bn_relu_max_pool_backward_sums(s, dy, argmax, x, mean, invstd, sum_dy, sum_dy_xhat);
+  }
+  void bn_relu_max_pool_backward_apply(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                       const float* x, const double* mean, const double* invstd,
+                                       const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                                       double count, float* dx) override {
+    cpu::bn_relu_max_pool_backward_apply(s, dy, argmax, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
   }
 
   void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* mean, double* out) override {
