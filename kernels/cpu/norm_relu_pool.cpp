@@ -1,13 +1,20 @@
 // Batch norm + ReLU + tiling max pool in one pass, parallel over (image, channel) planes.
-// Each pass normalises a window row's kh input rows into a small buffer (vectorised, in
-// the order and types of bn_forward_apply and relu_forward), then pools the buffer.
+// The forward normalises a chunk of a window row's input rows into a buffer (in the order
+// and types of bn_forward_apply and relu_forward), then pools the buffer. The float loops
+// are built for baseline, AVX2 and AVX-512 (isa.hpp) like the pooling they stand in for.
 #include "kernels/cpu/norm_relu_pool.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
 
@@ -28,9 +35,160 @@ struct Affine {
       : m(T(mean[ch])), s(T((gamma ? double(gamma[ch]) : 1.0) * invstd[ch])), b(beta ? beta[ch] : T(0)) {}
 };
 
+// bn_backward_apply's per-channel constants: dx = k*g + a*(x - m) + b.
+template <class T>
+struct BackwardAffine {
+  T k, m, a, b;
+  BackwardAffine(int ch, const double* mean, const double* invstd, const T* gamma, const double* sum_dy,
+                 const double* sum_dy_xhat, double count) {
+    const double is = invstd[ch], kk = (gamma ? double(gamma[ch]) : 1.0) * is;
+    k = T(kk);
+    m = T(mean[ch]);
+    a = T(-kk * is * sum_dy_xhat[ch] / count);
+    b = T(-kk * sum_dy[ch] / count);
+  }
+};
+
 // The pixel of window (oh, ow) that argmax byte k names, as an offset in its plane.
 inline size_t argmax_pixel(const NormPoolShape& s, int oh, int ow, int k) {
   return size_t(oh * s.kh + k / s.kw) * s.w + size_t(ow) * s.kw + k % s.kw;
+}
+
+}  // namespace
+
+namespace {
+
+// One plane of the forward. Windows of K x K (K = 2 or 4: the vectorised scan of max_pool,
+// row_ops.hpp tiled_scan) go in chunks: the chunk's K input rows normalised into a buffer
+// that stays in L1, then scanned; any other window size takes the scalar scan.
+template <class T, int K>
+__attribute__((always_inline)) inline void forward_plane(const NormPoolShape& s, const Affine<T>& f, const T* xp,
+                                                         T* yp, uint8_t* ap) {
+  constexpr int kChunk = 256;  // windows per chunk
+  constexpr int kCols = kChunk * (K > 0 ? K : 1);
+  const int ho = s.ho(), wo = s.wo();
+  alignas(64) T rows[(K > 0 ? K : 1) * kCols];
+  alignas(64) T best[kChunk];
+  alignas(64) int which[kChunk];
+  auto normalise = [&](const T* xr, int cols, T* out) {
+#pragma omp simd
+    for (int i = 0; i < cols; ++i) {
+      const T v = (xr[i] - f.m) * f.s + f.b;  // bn_forward_apply, then relu_forward
+      out[i] = v < T(0) ? T(0) : v;
+    }
+  };
+  for (int oh = 0; oh < ho; ++oh) {
+    T* yr = yp + size_t(oh) * wo;
+    uint8_t* ar = ap + size_t(oh) * wo;
+    if constexpr (K > 0) {
+      for (int j0 = 0; j0 < wo; j0 += kChunk) {
+        const int n = std::min(kChunk, wo - j0);
+        for (int r = 0; r < K; ++r) normalise(xp + size_t(oh * K + r) * s.w + size_t(j0) * K, n * K, rows + r * kCols);
+        tiled_scan<T, K>(n, rows, kCols, best, which);
+        for (int j = 0; j < n; ++j) {
+          yr[j0 + j] = best[j];
+          ar[j0 + j] = best[j] <= T(0) ? kNoArgmax : uint8_t(which[j]);
+        }
+      }
+    } else {
+      std::vector<T> window(size_t(s.kh) * s.kw);
+      for (int ow = 0; ow < wo; ++ow) {
+        for (int r = 0; r < s.kh; ++r)
+          normalise(xp + size_t(oh * s.kh + r) * s.w + size_t(ow) * s.kw, s.kw, window.data() + size_t(r) * s.kw);
+        T b = -std::numeric_limits<T>::infinity();
+        int at = 0;
+        for (int i = 0; i < s.kh * s.kw; ++i)  // max_pool's rule: the first maximum, the last NaN
+          if (window[i] > b || std::isnan(window[i])) b = window[i], at = i;
+        yr[ow] = b;
+        ar[ow] = b <= T(0) ? kNoArgmax : uint8_t(at);
+      }
+    }
+  }
+}
+
+// One plane of the backward's apply, a row at a time: the gradient g that the pool and the
+// ReLU pass down (0 + dy at each window's maximum, 0 elsewhere, as max_pool_backward and
+// relu_backward write it) made in a row buffer, then bn_backward_apply's
+// dx = k*g + a*(x - mean) + b over the row.
+template <class T, int K>
+__attribute__((always_inline)) inline void apply_plane(const NormPoolShape& s, const BackwardAffine<T>& f,
+                                                       const T* xp, const T* dp, const uint8_t* ap, T* out) {
+  const int ho = s.ho(), wo = s.wo();
+  const int kh = K > 0 ? K : s.kh, kw = K > 0 ? K : s.kw;
+  std::vector<T> g(size_t(s.w), T(0));
+  for (int h = 0; h < s.h; ++h) {
+    const int oh = h / kh, r = h - oh * kh;
+    const T* dr = dp + size_t(oh) * wo;
+    const uint8_t* ar = ap + size_t(oh) * wo;
+    if (oh >= ho) {
+      std::fill(g.begin(), g.end(), T(0));
+    } else if constexpr (K > 0) {
+      for (int j = 0; j < wo; ++j) {
+        const int chosen = int(ar[j]) - r * K;  // kNoArgmax: never in [0, K)
+        const T d = T(0) + dr[j];
+#pragma GCC unroll 4
+        for (int k = 0; k < K; ++k) g[size_t(j) * K + k] = chosen == k ? d : T(0);
+      }
+    } else {
+      std::fill(g.begin(), g.end(), T(0));
+      for (int j = 0; j < wo; ++j)
+        if (ar[j] != kNoArgmax && ar[j] / kw == r) g[size_t(j) * kw + ar[j] % kw] = T(0) + dr[j];
+    }
+    const T* xr = xp + size_t(h) * s.w;
+    T* orow = out + size_t(h) * s.w;
+    const T* gr = g.data();
+#pragma omp simd
+    for (int i = 0; i < s.w; ++i) orow[i] = f.k * gr[i] + f.a * (xr[i] - f.m) + f.b;
+  }
+}
+
+template <class T>
+using ForwardPlane = void (*)(const NormPoolShape&, const Affine<T>&, const T*, T*, uint8_t*);
+template <class T>
+using ApplyPlane = void (*)(const NormPoolShape&, const BackwardAffine<T>&, const T*, const T*, const uint8_t*, T*);
+
+template <class T, int K>
+void forward_baseline(const NormPoolShape& s, const Affine<T>& f, const T* x, T* y, uint8_t* a) {
+  forward_plane<T, K>(s, f, x, y, a);
+}
+template <int K>
+HT_AVX2 void forward_avx2(const NormPoolShape& s, const Affine<float>& f, const float* x, float* y, uint8_t* a) {
+  forward_plane<float, K>(s, f, x, y, a);
+}
+template <int K>
+HT_AVX512 void forward_avx512(const NormPoolShape& s, const Affine<float>& f, const float* x, float* y, uint8_t* a) {
+  forward_plane<float, K>(s, f, x, y, a);
+}
+template <class T, int K>
+void apply_baseline(const NormPoolShape& s, const BackwardAffine<T>& f, const T* x, const T* dy, const uint8_t* a,
+                    T* dx) {
+  apply_plane<T, K>(s, f, x, dy, a, dx);
+}
+template <int K>
+HT_AVX2 void apply_avx2(const NormPoolShape& s, const BackwardAffine<float>& f, const float* x, const float* dy,
+                        const uint8_t* a, float* dx) {
+  apply_plane<float, K>(s, f, x, dy, a, dx);
+}
+template <int K>
+HT_AVX512 void apply_avx512(const NormPoolShape& s, const BackwardAffine<float>& f, const float* x, const float* dy,
+                            const uint8_t* a, float* dx) {
+  apply_plane<float, K>(s, f, x, dy, a, dx);
+}
+
+// The plane functions for this window size (2 and 4 square: specialised) and this CPU.
+template <class T, int K>
+std::pair<ForwardPlane<T>, ApplyPlane<T>> planes_for_cpu() {
+  if constexpr (std::is_same_v<T, float>)
+    return {for_this_cpu<ForwardPlane<float>>(forward_baseline<float, K>, forward_avx2<K>, forward_avx512<K>),
+            for_this_cpu<ApplyPlane<float>>(apply_baseline<float, K>, apply_avx2<K>, apply_avx512<K>)};
+  else
+    return {forward_baseline<T, K>, apply_baseline<T, K>};
+}
+template <class T>
+std::pair<ForwardPlane<T>, ApplyPlane<T>> planes_for(const NormPoolShape& s) {
+  if (s.kh == 2 && s.kw == 2) return planes_for_cpu<T, 2>();
+  if (s.kh == 4 && s.kw == 4) return planes_for_cpu<T, 4>();
+  return planes_for_cpu<T, 0>();
 }
 
 }  // namespace
@@ -39,46 +197,13 @@ template <class T>
 void bn_relu_max_pool_forward(const NormPoolShape& s, const T* x, const double* mean, const double* invstd,
                               const T* gamma, const T* beta, T* y, uint8_t* argmax) {
   check(s);
+  const ForwardPlane<T> plane = planes_for<T>(s).first;
   const long planes = long(s.n) * s.c;
-  const int ho = s.ho(), wo = s.wo(), used = wo * s.kw;
-  const size_t xplane = size_t(s.h) * s.w, yplane = size_t(ho) * wo;
-  const T ninf = -std::numeric_limits<T>::infinity();
-#pragma omp parallel if (worth_threads(s))
-  {
-    std::vector<T> rows(size_t(s.kh) * used);
-#pragma omp for schedule(static)
-    for (long p = 0; p < planes; ++p) {
-      const Affine<T> f(int(p % s.c), mean, invstd, gamma, beta);
-      const T* xp = x + size_t(p) * xplane;
-      T* yp = y + size_t(p) * yplane;
-      uint8_t* ap = argmax + size_t(p) * yplane;
-      for (int oh = 0; oh < ho; ++oh) {
-        for (int r = 0; r < s.kh; ++r) {
-          const T* xr = xp + size_t(oh * s.kh + r) * s.w;
-          T* br = rows.data() + size_t(r) * used;
-#pragma omp simd
-          for (int i = 0; i < used; ++i) {
-            const T v = (xr[i] - f.m) * f.s + f.b;
-            br[i] = v < T(0) ? T(0) : v;
-          }
-        }
-        for (int ow = 0; ow < wo; ++ow) {
-          T best = ninf;
-          int at = 0;
-          for (int r = 0; r < s.kh; ++r)
-            for (int q = 0; q < s.kw; ++q) {
-              const T v = rows[size_t(r) * used + size_t(ow) * s.kw + q];
-              if (v > best || std::isnan(v)) {
-                best = v;
-                at = r * s.kw + q;
-              }
-            }
-          yp[size_t(oh) * wo + ow] = best;
-          ap[size_t(oh) * wo + ow] = best <= T(0) ? kNoArgmax : uint8_t(at);
-        }
-      }
-    }
-  }
+  const size_t xplane = size_t(s.h) * s.w, yplane = s.y_size() / size_t(planes);
+#pragma omp parallel for schedule(static) if (worth_threads(s))
+  for (long p = 0; p < planes; ++p)
+    plane(s, Affine<T>(int(p % s.c), mean, invstd, gamma, beta), x + size_t(p) * xplane, y + size_t(p) * yplane,
+          argmax + size_t(p) * yplane);
 }
 
 template <class T>
@@ -123,34 +248,14 @@ void bn_relu_max_pool_backward_apply(const NormPoolShape& s, const T* dy, const 
                                      const double* mean, const double* invstd, const T* gamma, const double* sum_dy,
                                      const double* sum_dy_xhat, double count, T* dx) {
   check(s);
+  const ApplyPlane<T> plane = planes_for<T>(s).second;
   const long planes = long(s.n) * s.c;
-  const int ho = s.ho(), wo = s.wo();
-  const size_t xplane = size_t(s.h) * s.w, yplane = size_t(ho) * wo;
+  const size_t xplane = size_t(s.h) * s.w, yplane = s.y_size() / size_t(planes);
 #pragma omp parallel for schedule(static) if (worth_threads(s))
   for (long p = 0; p < planes; ++p) {
     const int ch = int(p % s.c);
-    // bn_backward_apply's constants: dx = k*g + a*(x-mean) + b.
-    const double is = invstd[ch], k = (gamma ? double(gamma[ch]) : 1.0) * is;
-    const T tk = T(k), m = T(mean[ch]);
-    const T a = T(-k * is * sum_dy_xhat[ch] / count), b = T(-k * sum_dy[ch] / count);
-    const T* xp = x + size_t(p) * xplane;
-    const T* dp = dy + size_t(p) * yplane;
-    const uint8_t* ap = argmax + size_t(p) * yplane;
-    T* out = dx + size_t(p) * xplane;
-    for (int h = 0; h < s.h; ++h) {
-      const T* xr = xp + size_t(h) * s.w;
-      T* orow = out + size_t(h) * s.w;
-#pragma omp simd
-      for (int i = 0; i < s.w; ++i) orow[i] = a * (xr[i] - m) + b;  // g = 0
-      const int oh = h / s.kh;
-      if (oh >= ho) continue;
-      for (int ow = 0; ow < wo; ++ow) {  // the window maxima in this row: g = dy
-        const uint8_t kk = ap[size_t(oh) * wo + ow];
-        if (kk == kNoArgmax || kk / s.kw != h - oh * s.kh) continue;
-        const size_t i = size_t(ow) * s.kw + kk % s.kw;
-        orow[i] = tk * dp[size_t(oh) * wo + ow] + a * (xr[i] - m) + b;
-      }
-    }
+    plane(s, BackwardAffine<T>(ch, mean, invstd, gamma, sum_dy, sum_dy_xhat, count), x + size_t(p) * xplane,
+          dy + size_t(p) * yplane, argmax + size_t(p) * yplane, dx + size_t(p) * xplane);
   }
 }
 

@@ -128,28 +128,6 @@ bool windows_tile(const PoolGeom& g) {
 
 constexpr int kTileChunk = 1024;  // windows scanned before their dx rows are written
 
-// Maximum of every window of one output row and, if `which` is given, the window-relative
-// index (row * K + column) of the chosen element.
-template <class T, int K>
-__attribute__((always_inline)) inline void tiled_scan(int n, const T* x0, long win, T* best, int* which) {
-#pragma omp simd
-  for (int j = 0; j < n; ++j) {
-    T b = -std::numeric_limits<T>::infinity();
-    int w = 0;
-#pragma GCC unroll 4
-    for (int r = 0; r < K; ++r)
-#pragma GCC unroll 4
-      for (int k = 0; k < K; ++k) {
-        const T v = x0[r * win + j * K + k];
-        const bool take = v > b || v != v;
-        b = take ? v : b;
-        w = take ? r * K + k : w;
-      }
-    best[j] = b;
-    if (which) which[j] = w;
-  }
-}
-
 template <class T, int K>
 __attribute__((always_inline)) inline void tiled_forward_plane(const PoolGeom& g, const T* xp, T* yp) {
   const int ho = g.hout(), wo = g.wout();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "kernels/geometry.hpp"
@@ -43,6 +44,30 @@ __attribute__((always_inline)) inline double sum(int n, const T* a) {
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j];
   return double(s);
+}
+
+// Max pooling whose windows tile the rows (K x K, stride K): the maximum of each of n
+// windows of one output row (x0: its first input row, rows win apart) and, if `which` is
+// given, the window-relative index (row * K + column) of the chosen element. The rule is
+// max_pool's (`v > best || isnan(v)` in row-major order), vectorised across windows.
+template <class T, int K>
+__attribute__((always_inline)) inline void tiled_scan(int n, const T* x0, long win, T* best, int* which) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) {
+    T b = -std::numeric_limits<T>::infinity();
+    int w = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < K; ++r)
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) {
+        const T v = x0[r * win + j * K + k];
+        const bool take = v > b || v != v;
+        b = take ? v : b;
+        w = take ? r * K + k : w;
+      }
+    best[j] = b;
+    if (which) which[j] = w;
+  }
 }
 
 // Small convolutions (deep layers of a small shard, tests) run on the calling thread:

@@ -27,8 +27,8 @@ class DeviceMemoryError : public std::runtime_error {
 // mmap/munmap of 100 MB tensors), even where a size freed in one layer is asked for in
 // pieces by the next. in_use() and peak() count what the owners asked for; reserved()
 // counts the segments, cached() their free pieces. A segment with nothing in use is
-// released when the reservation would pass the peak in use so far (plus an eighth, at
-// most 512 MiB) or the budget, when the system refuses memory, by release_cached() and on
+// released when the reservation would pass the peak in use so far (plus a quarter, at
+// most 1 GiB) or the budget, when the system refuses memory, by release_cached() and on
 // destruction. A subclass that enables the cache must call release_cached() in its own
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
@@ -69,7 +69,7 @@ class Allocator {
   virtual void raw_deallocate(void* ptr);
 
  private:
-  void* take_cached(size_t block);  // a piece of a free one, or null
+  void* take_cached(size_t block, size_t largest);  // a piece of a free one of at most `largest`, or null
   void* new_segment(size_t block);   // from the system, or null
   void trim_cache(uint64_t keep_at_most);  // releases wholly free segments
 
