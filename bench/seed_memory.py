@@ -11,7 +11,7 @@ backend:
 with `parallel.activations: auto`. For every rank it prints the measured peak of the
 counting allocator (run_dir/memory.csv; oneDNN's scratch and the next step's tiles
 included) against the prediction, the host pool holding offloaded activations, the step
-time and the process's peak RSS against 1.1 x the tracked peaks + 256 MiB. It also prints
+time and the process's peak RSS against 1.25 x the tracked peaks + 256 MiB. It also prints
 what `halotrain plan` predicts for the same config on K80 dies (backend cuda).
 
 Needs about 20 GiB of free memory; skips (exit 0) with a message when there is less.
@@ -97,7 +97,7 @@ def main():
              f"(compute {k80['step_time']['compute']:.3f}, halo {k80['step_time']['halo']:.4f}, "
              f"all-reduce {k80['step_time']['allreduce']:.4f}, offload {k80['step_time']['offload']:.3f})", "",
              "| grid | policies (auto) | rank | predicted peak | measured peak | measured / predicted | "
-             "host pool measured / predicted | step 1 / step 2 s | process peak RSS (<= 1.1 x tracked + 256 MiB) |",
+             "host pool measured / predicted | step 1 / step 2 s | process peak RSS (<= 1.25 x tracked + 256 MiB) |",
              "|---|---|---|---|---|---|---|---|---|"]
     failed = False
     for grid in ("[2,1]", "[1,1]"):
@@ -115,9 +115,10 @@ def main():
             seconds = [float(r["seconds"]) for r in csv.DictReader(f)]
         with open(os.path.join(run_dir, "memory.csv")) as f:
             rows = list(csv.DictReader(f))
-        # The process (every shard) within 10% + 256 MiB of what the allocators counted.
+        # The process (every shard) within 25% + 256 MiB of what the allocators counted (the
+        # allocator's cache may hold a quarter over the peak: worker/runtime/tensor.hpp).
         tracked = sum(int(row["peak_device_bytes"]) for row in rows)
-        rss_bound = 1.1 * tracked + 256 * 2**20
+        rss_bound = 1.25 * tracked + 256 * 2**20
         failed |= rss > rss_bound
         rss_text = f"{gib(rss)} (bound {gib(rss_bound)}: {'ok' if rss <= rss_bound else 'MISSED'})"
         for row in rows:

@@ -63,15 +63,15 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
     // Wholly free segments give way before the reservation passes the highest use so far
     // or the budget: what a worker holds from the system stays near the peak the memory
     // model predicts (several shards share one host's memory). The limit has a margin of
-    // a quarter of the peak (at most 1 GiB) for the pieces left between blocks: the demo
+    // a quarter of the peak (at most 512 MiB) for the pieces left between blocks: the demo
     // at 4096 x 4096 holds 1.19x its peak in blocks a step reuses whole.
     const uint64_t need = reserved_ - cached_ + block;  // the pieces in use and this one
-    uint64_t limit = std::max<uint64_t>(peak_ + std::min<uint64_t>(peak_ / 4, uint64_t(1) << 30), need);
+    uint64_t limit = std::max<uint64_t>(peak_ + std::min<uint64_t>(peak_ / 4, uint64_t(512) << 20), need);
     if (budget_) limit = std::min<uint64_t>(limit, std::max<uint64_t>(budget_, need));
-    // A free piece more than twice the request is cut only when a segment of its own would
-    // pass the limit: a small tensor left inside a large piece keeps the large tensor that
-    // used the piece from fitting there again next step, and the reservation grows by it.
-    p = take_cached(block, reserved_ + block <= limit ? 2 * block : SIZE_MAX);
+    // A wholly free segment more than twice the request is cut only when a segment of the
+    // request's own would pass the limit: a small tensor left inside it keeps the large
+    // tensor that used it from fitting there again next step, and the reservation grows.
+    p = take_cached(block, /*spare_whole=*/reserved_ + block <= limit);
     if (!p) {
       trim_cache(limit - block);
       p = new_segment(block);
@@ -123,10 +123,12 @@ void Allocator::deallocate(void* ptr, size_t bytes) {
   c.add_free(at, segment, size);
 }
 
-void* Allocator::take_cached(size_t block, size_t largest) {
+void* Allocator::take_cached(size_t block, bool spare_whole) {
   Cache& c = *cache_;
   auto best = c.free_pieces.lower_bound({block, nullptr});
-  if (best == c.free_pieces.end() || best->first > largest) return nullptr;
+  if (spare_whole)
+    while (best != c.free_pieces.end() && best->first > 2 * block && c.unused.count(best->second)) ++best;
+  if (best == c.free_pieces.end()) return nullptr;
   char* at = best->second;
   auto it = c.pieces.find(at);
   const size_t size = it->second.size;

@@ -28,7 +28,7 @@ class DeviceMemoryError : public std::runtime_error {
 // pieces by the next. in_use() and peak() count what the owners asked for; reserved()
 // counts the segments, cached() their free pieces. A segment with nothing in use is
 // released when the reservation would pass the peak in use so far (plus a quarter, at
-// most 1 GiB) or the budget, when the system refuses memory, by release_cached() and on
+// most 512 MiB) or the budget, when the system refuses memory, by release_cached() and on
 // destruction. A subclass that enables the cache must call release_cached() in its own
 // destructor (the base destructor cannot reach the subclass's raw_deallocate).
 enum class BlockCache { Off, Reuse };
@@ -69,7 +69,9 @@ class Allocator {
   virtual void raw_deallocate(void* ptr);
 
  private:
-  void* take_cached(size_t block, size_t largest);  // a piece of a free one of at most `largest`, or null
+  // The smallest free piece that holds `block` (with spare_whole, not a wholly free segment
+  // more than twice it), cut to size; or null.
+  void* take_cached(size_t block, bool spare_whole);
   void* new_segment(size_t block);   // from the system, or null
   void trim_cache(uint64_t keep_at_most);  // releases wholly free segments
 
