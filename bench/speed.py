@@ -11,7 +11,8 @@ Every figure is a ratio measured in this one run (`make bench` runs it):
       conv and dense multiply-adds x 2 in forward and both backwards) against the best
       forward convolution of oneDNN that `halotrain_conv_throughput` measures in the same
       run (3x3, 64-128 channels). Goal: >= 60%, for the seed model at 1024 x 1024 and the
-      demo model at 1024 x 768.
+      demo model at 1024 x 768. Beside it, PyTorch's best forward conv2d on the same shapes
+      and threads, and the step's ratio to that.
   (3) memory: every halotrain run's process peak RSS (getrusage of the child: all shards)
       against its tracked peaks (memory.csv, summed over the shards of the process).
       Goal: RSS <= 1.25 x tracked + 256 MiB (the allocator's cache may hold up to a quarter
@@ -96,6 +97,34 @@ def torch_worker(model, data, batch, steps, threads):
     print(json.dumps(dict(median=statistics.median(times[WARMUP:]))))
 
 
+def torch_conv_worker(shapes, threads):
+    """PyTorch's forward conv2d, 3x3 'same', on each (n, channels, height, width): the best
+    of repeated calls for about 2 s each, in GFLOP/s (2 x multiply-adds)."""
+    import torch
+    torch.set_num_threads(threads)
+    out = []
+    with torch.no_grad():
+        for n, c, h, w in shapes:
+            x, k = torch.randn(n, c, h, w), torch.randn(c, c, 3, 3)
+            torch.nn.functional.conv2d(x, k, padding=1)  # warm-up: primitive creation
+            best, spent = float("inf"), 0.0
+            while spent < 2.0:
+                t0 = time.perf_counter()
+                torch.nn.functional.conv2d(x, k, padding=1)
+                dt = time.perf_counter() - t0
+                best, spent = min(best, dt), spent + dt
+            out.append(dict(n=n, channels=c, height=h, width=w, gflops=2.0 * n * c * c * 9 * h * w / best / 1e9))
+    print(json.dumps(out))
+
+
+def run_torch_conv(shapes, threads):
+    env = dict(os.environ, GLIBC_TUNABLES=WARM_HEAP)
+    arg = ";".join(",".join(str(v) for v in s) for s in shapes)
+    out = subprocess.run([sys.executable, __file__, "--torch-conv", arg, str(threads)], check=True,
+                         capture_output=True, text=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_torch(model, data, batch, threads, steps=WARMUP + TIMED):
     env = dict(os.environ, GLIBC_TUNABLES=WARM_HEAP)
     out = subprocess.run([sys.executable, __file__, "--torch-worker", model, data, str(batch), str(steps),
@@ -137,6 +166,9 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         a = sys.argv[2:]
         torch_worker(a[0], a[1], int(a[2]), int(a[3]), int(a[4]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-conv":
+        torch_conv_worker([tuple(int(v) for v in s.split(",")) for s in sys.argv[2].split(";")], int(sys.argv[3]))
         return
     p = argparse.ArgumentParser()
     p.add_argument("--halotrain", required=True)
@@ -196,16 +228,22 @@ def main():
     # (2) throughput
     ceiling = conv_throughput(args)
     best = max(c["gflops"] for c in ceiling)
+    torch_ceiling = run_torch_conv([(c["n"], c["channels"], c["height"], c["width"]) for c in ceiling], T)
+    torch_best = max(c["gflops"] for c in torch_ceiling)
     lines += ["### (2) Training step throughput against oneDNN's forward convolution", "",
               "oneDNN forward conv, 3x3 'same', NCHW in and out (DnnlConv2d), best call: " +
               ", ".join(f"{c['n']}x{c['channels']}x{c['height']}x{c['width']} {c['gflops']:.1f} GFLOP/s"
                         for c in ceiling) + f"; ceiling {best:.1f} GFLOP/s.", "",
+              f"PyTorch's conv2d on the same shapes ({T} threads, best call): " +
+              ", ".join(f"{c['gflops']:.1f}" for c in torch_ceiling) + f" GFLOP/s; its best {torch_best:.1f} "
+              "GFLOP/s (the last column's yardstick).", "",
               "Beside each step: the model's own convs, every training pass of each timed alone on the "
               "kernels the step runs (what the step would reach if nothing but its convs took time), and "
               "torch's step in the same GFLOP/s.", "",
               "| model | image, batch | counted GFLOP per step | median step | GFLOP/s | vs ceiling | goal | "
-              "its convs alone: GFLOP/s, vs ceiling | torch: GFLOP/s, vs ceiling | step vs torch |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "its convs alone: GFLOP/s, vs ceiling | torch: GFLOP/s, vs ceiling | step vs torch | "
+              "step vs PyTorch's best conv2d |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     per_conv = {}  # model: each_conv, for the table below
     for model, h, w, batch in [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv3", 768, 768, 2)]:
         data = data_file(args, h, w)
@@ -221,7 +259,7 @@ def main():
         alone = convs_alone(per_conv[model])
         lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
                      f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
-                     f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} |")
+                     f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} | {rate / torch_best:.2f} |")
     lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone on the "
               "step's kernels (forward, backward data unless it reads the image, backward weights).", "",
               "| model | conv | size, batch | GFLOP/s | vs ceiling | share of the convs' time |", "|---|---|---|---|---|---|"]

@@ -9,7 +9,7 @@ function(ht_script_test name labels timeout script)
 endfunction()
 foreach(case classifier_adam segmentation_bce_sgd regression_mse_pools activations_max_adam residual_sgd
              separable_max_sgd unet_bce_adam unet_softmax_sgd transpose_two_pools_adam
-             skip_concat_adam
+             skip_concat_adam large_mean_batch_norm_adam
              # SPEC section 11 (tests/oracle/cases_section11.py)
              mbconv_se_adam convnext_adam aspp_softmax_sgd grouped_bottleneck_sgd dense_shuffle_adam
              vgg_flatten_sgd nnunet_norms_adam large_mean_norms_sgd nonsquare_windows_adam

@@ -3,8 +3,12 @@
 // per-plane results in a fixed order so results do not depend on the thread count.
 #include "kernels/cpu/norm.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
+
+#include "kernels/cpu/isa.hpp"
 
 namespace ht::cpu {
 
@@ -26,7 +30,71 @@ void reduce_planes(int n, int c, long hw, double* a, double* b, F plane) {
   }
 }
 
+// Count, mean and sum of squared deviations of a set, merged by Chan et al.'s formula.
+struct Moments {
+  double n = 0, mean = 0, m2 = 0;
+  void merge(double nb, double mean_b, double m2_b) {
+    if (nb == 0) return;
+    const double total = n + nb, d = mean_b - mean;
+    mean += d * (nb / total);
+    m2 += m2_b + d * d * (n * nb / total);
+    n = total;
+  }
+};
+
+// One plane's moments, block by block (the float loops also built for AVX2 and AVX-512).
+template <class T>
+__attribute__((always_inline)) inline Moments plane_moments(const T* xp, long hw) {
+  Moments m;
+  for (long i0 = 0; i0 < hw; i0 += kBlock) {
+    const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
+    const double len = double(i1 - i0);
+    // A centre near the block's mean (its first element, shifted by the mean of the
+    // differences), then the sum and squares of the deviations from it: in T, each term
+    // of the size of the spread, not of the mean.
+    const T x0 = xp[i0];
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (long i = i0; i < i1; ++i) s += xp[i] - x0;
+    const T centre = T(double(x0) + double(s) / len);
+    T d = 0, q = 0;
+#pragma omp simd reduction(+ : d, q)
+    for (long i = i0; i < i1; ++i) {
+      const T e = xp[i] - centre;
+      d += e;
+      q += e * e;
+    }
+    m.merge(len, double(centre) + double(d) / len, std::max(0.0, double(q) - double(d) * double(d) / len));
+  }
+  return m;
+}
+
+template <class T>
+Moments plane_moments_baseline(const T* xp, long hw) {
+  return plane_moments(xp, hw);
+}
+HT_AVX2 Moments plane_moments_avx2(const float* xp, long hw) { return plane_moments(xp, hw); }
+HT_AVX512 Moments plane_moments_avx512(const float* xp, long hw) { return plane_moments(xp, hw); }
+
 }  // namespace
+
+template <class T>
+void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2) {
+  using Plane = Moments (*)(const T*, long);
+  Plane plane = plane_moments_baseline<T>;
+  if constexpr (std::is_same_v<T, float>)
+    plane = for_this_cpu<Plane>(plane_moments_baseline<float>, plane_moments_avx2, plane_moments_avx512);
+  const long planes = long(n) * c;
+  std::vector<Moments> part(static_cast<size_t>(planes));
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) part[size_t(p)] = plane(x + size_t(p) * hw, hw);
+  std::vector<Moments> ch(static_cast<size_t>(c));
+  for (long p = 0; p < planes; ++p) ch[size_t(p % c)].merge(part[size_t(p)].n, part[size_t(p)].mean, part[size_t(p)].m2);
+  for (int i = 0; i < c; ++i) {
+    mean[i] = ch[size_t(i)].mean;
+    m2[i] = ch[size_t(i)].m2;
+  }
+}
 
 template <class T>
 void channel_sum(int n, int c, long hw, const T* x, double* sum) {
@@ -186,6 +254,7 @@ void plane_backward_apply(int n, int c, long hw, const T* dy, const T* x, const 
 }
 
 #define HT_NORM_INST(T)                                                                     \
+  template void channel_moments<T>(int, int, long, const T*, double*, double*);             \
   template void channel_sum<T>(int, int, long, const T*, double*);                          \
   template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);    \
   template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*, \

@@ -1,13 +1,22 @@
 // Batch-norm pieces. Statistics span the batch and every shard of an image, so the caller
 // reduces the partial sums across ranks between the pieces:
-//   forward : channel_sum -> (allreduce) mean -> channel_sq_dev_sum -> (allreduce)
-//             invstd = 1/sqrt(var + eps) -> bn_forward_apply
+//   forward : channel_moments -> (allreduce the sums) mean -> each rank's squared
+//             deviations about it from its own moments -> (allreduce) invstd =
+//             1/sqrt(var + eps) -> bn_forward_apply. One pass over x; channel_sum and
+//             channel_sq_dev_sum are the two-pass form (CUDA).
 //   backward: bn_backward_sums -> (allreduce) -> bn_backward_apply
 // Sums are double and accumulate (+=) so a caller can add several tensors into one.
 #pragma once
 
 namespace ht::cpu {
 
+// The moments of each channel of x in one pass: mean[c] and m2[c] = sum of (x - mean[c])^2
+// over n, hw (overwritten). Blocks of a plane small enough for L1 are read twice (a centre
+// near their mean, then the deviations from it), and blocks, then planes in plane order,
+// are merged by Chan's formula in double: exact for pixels around 1e4 with a small
+// spread, and the same for any thread count.
+template <class T>
+void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2);
 // sum[c] += sum over n, hw of x.
 template <class T>
 void channel_sum(int n, int c, long hw, const T* x, double* sum);

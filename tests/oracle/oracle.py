@@ -240,6 +240,25 @@ CASES = {
         grids=[[1, 1], [2, 2], [3, 2], [1, 4]],
         mpi=[(4, [2, 2])],
     ),
+    # Raw 16-bit-like pixels (around 1e4): batch norm's one-pass statistics on every shard,
+    # merged over the shards, as exact as the whole image's; the second batch norm fused
+    # with its ReLU and pool where the shards allow.
+    "large_mean_batch_norm_adam": dict(
+        input=[30, 26, 1], loss="softmax_cross_entropy", classes=2, pixels=(9000.0, 11000.0),
+        optimizer=dict(type="adam", lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-4),
+        layers=[
+            dict(type="batch_norm", momentum=0.9, epsilon=1e-3),
+            dict(type="conv2d", filters=4, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm", momentum=0.9, epsilon=1e-3),
+            dict(type="relu"),
+            dict(type="max_pool2d", pool=2),
+            dict(type="conv2d", filters=3, kernel=3, padding="same"),
+            dict(type="global_avg_pool"),
+            dict(type="dense", units=2),
+        ],
+        grids=[[1, 1], [2, 2], [3, 2]],
+        mpi=[(4, [2, 2])],
+    ),
 }
 
 from cases_section11 import CASES as SECTION11  # noqa: E402

@@ -9,6 +9,13 @@ size on grids 1x1 and 2x2 and compares every weight and batch-norm moving statis
 the final checkpoint with torchvision's: |a - r| <= 1e-5 + 1e-4 |r| (SPEC section 5),
 and memory.csv's predicted peak with the measured one on every rank.
 
+The stem's 3x3 max pool makes the comparison discontinuous: where a window's two largest
+values lie within float32 rounding of each other, float32 may pick the other one and move
+that window's gradient to another pixel (a change of about 150x the tolerance, from any
+change in rounding). The data's seed is one whose windows keep their two largest values
+at least 1e-5 apart (relative) in all three float64 steps, and the test checks that it
+still holds.
+
 usage: torchvision_resnet18.py --halotrain BIN --workdir DIR
 """
 import argparse
@@ -30,6 +37,18 @@ import oracle  # noqa: E402  (data order, Keras file writer, memory check)
 H, W = 71, 57  # uneven: the coarsest map is 3 x 2, split [2, 1] x [1, 1]
 LR, MOMENTUM = 0.01, 0.9
 GRIDS = [[1, 1], [2, 2]]
+
+
+MIN_GAP = 1e-5  # relative distance of every max-pool window's two largest values
+
+
+def max_pool_gap(x):
+    """The smallest relative gap between the two largest values of a window of the stem's
+    max pool (3x3, stride 2, padding 1) among windows whose maximum is positive."""
+    cols = F.unfold(F.pad(x, (1, 1, 1, 1), value=float("-inf")), 3, stride=2)
+    top = cols.view(x.shape[0], x.shape[1], 9, -1).topk(2, dim=2).values
+    gap = (top[:, :, 0] - top[:, :, 1]) / top[:, :, 0].abs()
+    return gap[top[:, :, 0] > 0].min().item()
 
 
 def torchvision_model():
@@ -139,7 +158,7 @@ def main():
     model = torchvision_model()
     layers, weights = to_halotrain(model)
     write_init(os.path.join(work, "init.h5"), layers, weights)
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(16)  # see the docstring: no near-ties in the stem's max pool
     images = rng.uniform(0, 1, (oracle.COUNT, H, W, 1)).astype(np.float32)
     labels = rng.integers(0, 2, oracle.COUNT).astype(np.int32)
     with h5py.File(os.path.join(work, "data.h5"), "w") as f:
@@ -149,6 +168,8 @@ def main():
     # The reference: torchvision's own module in float64, training mode.
     model = model.double().train()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    gaps = []
+    model.maxpool.register_forward_hook(lambda mod, inp, out: gaps.append(max_pool_gap(inp[0].detach())))
     x_all = torch.tensor(images, dtype=torch.float64).permute(0, 3, 1, 2)
     losses = []
     for step in range(oracle.STEPS):
@@ -159,7 +180,11 @@ def main():
         opt.step()
         losses.append(loss.item())
     print(f"torchvision resnet18 {H}x{W}: torch float64 losses {['%.6f' % v for v in losses]}, "
-          f"{len(layers)} halotrain layers")
+          f"{len(layers)} halotrain layers; smallest max-pool gap {min(gaps):.3g}")
+    if min(gaps) < MIN_GAP:
+        print(f"  the data has a near-tie in the stem's max pool ({min(gaps):.3g} < {MIN_GAP:g}): "
+              "float32 may choose the other value; choose another data seed")
+        sys.exit(1)
 
     failed = False
     for grid in GRIDS:

@@ -355,6 +355,52 @@ TEST(NormCpu, GradientCheck) {
 
 // ---------------------------------------------------------------------------- dense
 
+// One pass over pixels far from zero with a small spread (raw 16-bit-like values): the mean
+// and the squared deviations equal a two-pass sum in long double over the same floats, for
+// planes of whole and partial blocks, and do not depend on the thread count.
+TEST(NormCpu, MomentsInOnePassAreExactAroundLargeMeans) {
+  const int n = 3, c = 2;
+  const long hw = 2500;  // two whole blocks and part of a third per plane
+  std::vector<float> x(size_t(n) * c * hw);
+  std::mt19937 rng(7);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  for (int i = 0; i < n; ++i)
+    for (int ch = 0; ch < c; ++ch)
+      for (long k = 0; k < hw; ++k)
+        x[(size_t(i) * c + ch) * hw + k] =
+            ch == 0 ? float(1e4 + 0.1 * i + 0.05 * noise(rng)) : float(-3e3 + 2.0 * noise(rng));
+  std::vector<double> ref_mean(c), ref_m2(c);
+  for (int ch = 0; ch < c; ++ch) {
+    long double sum = 0, sq = 0;
+    for (int i = 0; i < n; ++i)
+      for (long k = 0; k < hw; ++k) sum += x[(size_t(i) * c + ch) * hw + k];
+    const long double mean = sum / (n * hw);
+    for (int i = 0; i < n; ++i)
+      for (long k = 0; k < hw; ++k) {
+        const long double d = x[(size_t(i) * c + ch) * hw + k] - mean;
+        sq += d * d;
+      }
+    ref_mean[ch] = double(mean);
+    ref_m2[ch] = double(sq);
+  }
+  std::vector<double> first_mean, first_m2;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    std::vector<double> mean(c, -1), m2(c, -1);
+    channel_moments<float>(n, c, hw, x.data(), mean.data(), m2.data());
+    for (int ch = 0; ch < c; ++ch) {
+      EXPECT_NEAR(mean[ch], ref_mean[ch], 1e-12 * std::abs(ref_mean[ch])) << "channel " << ch;
+      EXPECT_NEAR(m2[ch], ref_m2[ch], 1e-5 * ref_m2[ch]) << "channel " << ch;
+    }
+    if (first_mean.empty()) {
+      first_mean = mean, first_m2 = m2;
+    } else {
+      EXPECT_EQ(mean, first_mean);
+      EXPECT_EQ(m2, first_m2);
+    }
+  }
+}
+
 TEST(DenseCpu, GradientCheck) {
   std::mt19937_64 rng(11);
   const int n = 3, in = 4, out = 5;

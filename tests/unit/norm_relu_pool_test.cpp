@@ -98,6 +98,14 @@ struct Chain {
     max_pool_forward<T>(pool(), crop(relu_out).data(), pooled.data());
     return pooled;
   }
+  // The fused forward: returns the pooled output, and the argmax bytes in `argmax`.
+  std::vector<T> fused_forward(std::vector<uint8_t>& argmax) const {
+    std::vector<T> y(s.y_size());
+    argmax.assign(s.y_size(), 0);
+    bn_relu_max_pool_forward<T>(s, x.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), y.data(),
+                                argmax.data());
+    return y;
+  }
   // max_pool_backward, relu_backward, then batch norm's sums and input gradient.
   std::vector<T> unfused_backward(const std::vector<T>& relu_out, std::vector<double>& sum_dy,
                                   std::vector<double>& sum_dy_xhat) const {
@@ -140,10 +148,8 @@ TEST(NormReluPoolCpu, ForwardIsTheThreeKernelsToTheBit) {
     const Chain<float> c(k, 7);
     std::vector<float> relu_out;
     const std::vector<float> expected = c.unfused_forward(relu_out);
-    std::vector<float> y(k.s.y_size(), -1.f);
-    std::vector<uint8_t> argmax(k.s.y_size(), 0);
-    bn_relu_max_pool_forward<float>(k.s, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(), c.beta.data(),
-                                    y.data(), argmax.data());
+    std::vector<uint8_t> argmax;
+    const std::vector<float> y = c.fused_forward(argmax);
     expect_same_bits(y, expected, "pooled output");
     // Each argmax names a pixel holding the window's maximum, or the maximum is 0.
     for (size_t i = 0; i < y.size(); ++i) {
@@ -167,10 +173,8 @@ TEST(NormReluPoolCpu, BackwardMatchesTheThreeKernels) {
     std::vector<double> sum_dy, sum_dy_xhat;
     const std::vector<double> expected = c.unfused_backward(relu_out, sum_dy, sum_dy_xhat);
 
-    std::vector<double> y(k.s.y_size());
-    std::vector<uint8_t> argmax(k.s.y_size());
-    bn_relu_max_pool_forward<double>(k.s, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(),
-                                     c.beta.data(), y.data(), argmax.data());
+    std::vector<uint8_t> argmax;
+    c.fused_forward(argmax);
     std::vector<double> fs(size_t(k.s.c), 0.0), fsx(size_t(k.s.c), 0.0);
     bn_relu_max_pool_backward_sums<double>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
                                            c.invstd.data(), fs.data(), fsx.data());
@@ -196,10 +200,8 @@ TEST(NormReluPoolCpu, InputGradientIsBatchNormsToTheBitForTheSameSums) {
     c.unfused_forward(relu_out);
     std::vector<double> sum_dy, sum_dy_xhat;
     const std::vector<float> expected = c.unfused_backward(relu_out, sum_dy, sum_dy_xhat);
-    std::vector<float> y(k.s.y_size());
-    std::vector<uint8_t> argmax(k.s.y_size());
-    bn_relu_max_pool_forward<float>(k.s, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(),
-                                    c.beta.data(), y.data(), argmax.data());
+    std::vector<uint8_t> argmax;
+    c.fused_forward(argmax);
     std::vector<float> dx(k.s.x_size(), 1e3f);
     bn_relu_max_pool_backward_apply<float>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
                                            c.invstd.data(), c.gamma.data(), sum_dy.data(), sum_dy_xhat.data(),

@@ -242,12 +242,16 @@ class BatchNormLayer : public Layer {
     }
     const int64_t hw = int64_t(x.h()) * x.w();
     const double count = double(ctx_.global_batch) * spec().in.h * spec().in.w;
-    std::vector<double> sq(c, 0.0);
-    ctx_.backend.channel_sum(x.n(), c, hw, x.data(), mean_.data());
+    // This shard's moments in one pass, then Chan's merge over the ranks in two sums: the
+    // mean, then each shard's squared deviations moved to it. As exact as two passes over
+    // the whole image, in any sharding.
+    const double local = double(x.n()) * double(hw);
+    std::vector<double> local_mean(c), sq(c);
+    ctx_.backend.channel_moments(x.n(), c, hw, x.data(), local_mean.data(), sq.data());
+    for (int i = 0; i < c; ++i) mean_[i] = local_mean[i] * local;
     sum_over_batch(mean_.data(), c);
     for (double& m : mean_) m /= count;
-    // Two passes (mean, then squared deviations) keep the variance exact in any sharding.
-    ctx_.backend.channel_sq_dev_sum(x.n(), c, hw, x.data(), mean_.data(), sq.data());
+    for (int i = 0; i < c; ++i) sq[i] += local * (local_mean[i] - mean_[i]) * (local_mean[i] - mean_[i]);
     sum_over_batch(sq.data(), c);
     for (int i = 0; i < c; ++i) invstd_[i] = 1.0 / std::sqrt(sq[i] / count + eps);
     if (mode == ForwardMode::Train) update_moving_statistics(sq, count);

@@ -87,6 +87,15 @@ class ComputeBackend {
   virtual void avg_pool_backward(const PoolGeom& g, const float* dy, float* dx) = 0;
 
   // Batch norm in pieces: statistics are summed over shards between the calls.
+  // channel_moments: each channel's mean and sum of squared deviations about it on this
+  // shard (kernels/cpu/norm.hpp), by default in two passes (channel_sum, then
+  // channel_sq_dev_sum); the CPU backend makes them in one.
+  virtual void channel_moments(int n, int c, int64_t hw, const float* x, double* host_mean, double* host_m2) {
+    channel_sum(n, c, hw, x, host_mean);
+    const double count = double(n) * double(hw);
+    for (int i = 0; i < c; ++i) host_mean[i] = count > 0 ? host_mean[i] / count : 0.0;
+    channel_sq_dev_sum(n, c, hw, x, host_mean, host_m2);
+  }
   virtual void channel_sum(int n, int c, int64_t hw, const float* x, double* host_sum) = 0;
   virtual void channel_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
                                   double* host_out) = 0;

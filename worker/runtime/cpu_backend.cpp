@@ -140,6 +140,9 @@ class CpuBackend : public ComputeBackend {
     cpu::avg_pool_backward(g, dy, dx);
   }
 
+  void channel_moments(int n, int c, int64_t hw, const float* x, double* mean, double* m2) override {
+    cpu::channel_moments(n, c, hw, x, mean, m2);
+  }
   void channel_sum(int n, int c, int64_t hw, const float* x, double* sum) override {
     std::fill(sum, sum + c, 0.0);
     cpu::channel_sum(n, c, hw, x, sum);
