@@ -54,10 +54,6 @@ inline size_t argmax_pixel(const NormPoolShape& s, int oh, int ow, int k) {
   return size_t(oh * s.kh + k / s.kw) * s.w + size_t(ow) * s.kw + k % s.kw;
 }
 
-}  // namespace
-
-namespace {
-
 // One plane of the forward. Windows of K x K (K = 2 or 4: the vectorised scan of max_pool,
 // row_ops.hpp tiled_scan) go in chunks: the chunk's K input rows normalised into a buffer
 // that stays in L1, then scanned; any other window size takes the scalar scan.
