@@ -106,6 +106,22 @@ struct Chain {
                                 argmax.data());
     return y;
   }
+  // The fused backward's sums (fresh) and its input gradient for the given sums.
+  void fused_sums(const std::vector<uint8_t>& argmax, std::vector<double>& sum_dy,
+                  std::vector<double>& sum_dy_xhat) const {
+    sum_dy.assign(size_t(s.c), 0.0);
+    sum_dy_xhat.assign(size_t(s.c), 0.0);
+    bn_relu_max_pool_backward_sums<T>(s, dpool.data(), argmax.data(), x.data(), mean.data(), invstd.data(),
+                                      sum_dy.data(), sum_dy_xhat.data());
+  }
+  std::vector<T> fused_input_gradient(const std::vector<uint8_t>& argmax, const std::vector<double>& sum_dy,
+                                      const std::vector<double>& sum_dy_xhat) const {
+    std::vector<T> dx(x.size(), T(1e3));
+    bn_relu_max_pool_backward_apply<T>(s, dpool.data(), argmax.data(), x.data(), mean.data(), invstd.data(),
+                                       gamma.data(), sum_dy.data(), sum_dy_xhat.data(), double(s.n) * hw(),
+                                       dx.data());
+    return dx;
+  }
   // max_pool_backward, relu_backward, then batch norm's sums and input gradient.
   std::vector<T> unfused_backward(const std::vector<T>& relu_out, std::vector<double>& sum_dy,
                                   std::vector<double>& sum_dy_xhat) const {
@@ -175,18 +191,13 @@ TEST(NormReluPoolCpu, BackwardMatchesTheThreeKernels) {
 
     std::vector<uint8_t> argmax;
     c.fused_forward(argmax);
-    std::vector<double> fs(size_t(k.s.c), 0.0), fsx(size_t(k.s.c), 0.0);
-    bn_relu_max_pool_backward_sums<double>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
-                                           c.invstd.data(), fs.data(), fsx.data());
+    std::vector<double> fs, fsx;
+    c.fused_sums(argmax, fs, fsx);
     for (int ch = 0; ch < k.s.c; ++ch) {
       EXPECT_NEAR(fs[size_t(ch)], sum_dy[size_t(ch)], 1e-10 * (1 + std::abs(sum_dy[size_t(ch)])));
       EXPECT_NEAR(fsx[size_t(ch)], sum_dy_xhat[size_t(ch)], 1e-10 * (1 + std::abs(sum_dy_xhat[size_t(ch)])));
     }
-    const double count = double(k.s.n) * c.hw();
-    std::vector<double> dx(k.s.x_size(), 1e3);
-    bn_relu_max_pool_backward_apply<double>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
-                                            c.invstd.data(), c.gamma.data(), fs.data(), fsx.data(), count,
-                                            dx.data());
+    const std::vector<double> dx = c.fused_input_gradient(argmax, fs, fsx);
     for (size_t i = 0; i < dx.size(); ++i) ASSERT_NEAR(dx[i], expected[i], 1e-9) << "pixel " << i;
   }
 }
@@ -202,15 +213,10 @@ TEST(NormReluPoolCpu, InputGradientIsBatchNormsToTheBitForTheSameSums) {
     const std::vector<float> expected = c.unfused_backward(relu_out, sum_dy, sum_dy_xhat);
     std::vector<uint8_t> argmax;
     c.fused_forward(argmax);
-    std::vector<float> dx(k.s.x_size(), 1e3f);
-    bn_relu_max_pool_backward_apply<float>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
-                                           c.invstd.data(), c.gamma.data(), sum_dy.data(), sum_dy_xhat.data(),
-                                           double(k.s.n) * c.hw(), dx.data());
-    expect_same_bits(dx, expected, "input gradient");
+    expect_same_bits(c.fused_input_gradient(argmax, sum_dy, sum_dy_xhat), expected, "input gradient");
     // The float sums agree with the unfused ones within float rounding.
-    std::vector<double> fs(size_t(k.s.c), 0.0), fsx(size_t(k.s.c), 0.0);
-    bn_relu_max_pool_backward_sums<float>(k.s, c.dpool.data(), argmax.data(), c.x.data(), c.mean.data(),
-                                          c.invstd.data(), fs.data(), fsx.data());
+    std::vector<double> fs, fsx;
+    c.fused_sums(argmax, fs, fsx);
     for (int ch = 0; ch < k.s.c; ++ch) {
       EXPECT_NEAR(fs[size_t(ch)], sum_dy[size_t(ch)], 1e-4 * (1 + std::abs(sum_dy[size_t(ch)])));
       EXPECT_NEAR(fsx[size_t(ch)], sum_dy_xhat[size_t(ch)], 1e-4 * (1 + std::abs(sum_dy_xhat[size_t(ch)])));
