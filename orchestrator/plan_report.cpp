@@ -60,6 +60,21 @@ std::string layers_with(const ModelSpec& m, const LayerPolicies& policies, Activ
   return out.empty() ? "none" : out;
 }
 
+// The fused chains (step_schedule.hpp fused_chains, the same on every rank), as
+// "bn + relu + pool, ...", or empty.
+std::string fused_chains_text(const Config& config, const ShardPlan& plan) {
+  const std::vector<int> fused = fused_chains(rank_sizes(config, plan, 0));
+  std::vector<std::string> chains;
+  for (int l = 0; l < int(fused.size()); ++l) {
+    if (fused[size_t(l)] != l) continue;
+    std::string chain = plan.model.layers[size_t(l)].config.name;
+    for (int k = l + 1; k < int(fused.size()) && fused[size_t(k)] == l; ++k)
+      chain += " + " + plan.model.layers[size_t(k)].config.name;
+    chains.push_back(chain);
+  }
+  return fmt::format("{}", fmt::join(chains, ", "));
+}
+
 std::string seconds_text(double s) {
   if (s >= 1) return fmt::format("{:.2f} s", s);
   if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
@@ -234,18 +249,9 @@ std::string render_plan_text(const Config& config, const Plan& job) {
                                                                         : fmt::format("the other {} layers", kept)));
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute})
     line(fmt::format("  {:<10} {}", to_string(p), layers_with(m, policies, p)));
-  // Fused chains (step_schedule.hpp fused_chains): the same on every rank.
-  const std::vector<int> fused = fused_chains(rank_sizes(config, plan, 0));
-  std::vector<std::string> chains;
-  for (int l = 0; l < int(fused.size()); ++l) {
-    if (fused[size_t(l)] != l) continue;
-    std::string chain = m.layers[size_t(l)].config.name;
-    for (int k = l + 1; k < int(fused.size()) && fused[size_t(k)] == l; ++k) chain += " + " + m.layers[size_t(k)].config.name;
-    chains.push_back(chain);
-  }
-  if (!chains.empty())
+  if (const std::string chains = fused_chains_text(config, plan); !chains.empty())
     line(fmt::format("  {:<10} {} (one pass: the batch norm's and ReLU's outputs are never made; parallel.fuse)",
-                     "fused", fmt::join(chains, ", ")));
+                     "fused", chains));
   line("");
 
   s += memory_table_text(config, job);

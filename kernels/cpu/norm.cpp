@@ -33,11 +33,11 @@ void reduce_planes(int n, int c, long hw, double* a, double* b, F plane) {
 // Count, mean and sum of squared deviations of a set, merged by Chan et al.'s formula.
 struct Moments {
   double n = 0, mean = 0, m2 = 0;
-  void merge(double nb, double mean_b, double m2_b) {
-    if (nb == 0) return;
-    const double total = n + nb, d = mean_b - mean;
-    mean += d * (nb / total);
-    m2 += m2_b + d * d * (n * nb / total);
+  void merge(const Moments& b) {
+    if (b.n == 0) return;
+    const double total = n + b.n, d = b.mean - mean;
+    mean += d * (b.n / total);
+    m2 += b.m2 + d * d * (n * b.n / total);
     n = total;
   }
 };
@@ -64,7 +64,7 @@ __attribute__((always_inline)) inline Moments plane_moments(const T* xp, long hw
       d += e;
       q += e * e;
     }
-    m.merge(len, double(centre) + double(d) / len, std::max(0.0, double(q) - double(d) * double(d) / len));
+    m.merge({len, double(centre) + double(d) / len, std::max(0.0, double(q) - double(d) * double(d) / len)});
   }
   return m;
 }
@@ -89,7 +89,7 @@ void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) part[size_t(p)] = plane(x + size_t(p) * hw, hw);
   std::vector<Moments> ch(static_cast<size_t>(c));
-  for (long p = 0; p < planes; ++p) ch[size_t(p % c)].merge(part[size_t(p)].n, part[size_t(p)].mean, part[size_t(p)].m2);
+  for (long p = 0; p < planes; ++p) ch[size_t(p % c)].merge(part[size_t(p)]);
   for (int i = 0; i < c; ++i) {
     mean[i] = ch[size_t(i)].mean;
     m2[i] = ch[size_t(i)].m2;

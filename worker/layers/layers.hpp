@@ -163,9 +163,10 @@ LayerFactory layer_factory(Args... args) {
     return std::make_unique<L>(ctx, index, args...);
   };
 }
-// The kinds of layers.cpp: batch norm, the activations, global pools, dense, dropout, add,
-// concatenate.
+// The kinds of layers.cpp: batch norm (its layer in batch_norm_layer.cpp), the activations,
+// global pools, dense, dropout, add, concatenate.
 std::map<std::string, LayerFactory> basic_layer_kernels();
+LayerFactory batch_norm_factory();
 // ConfigError naming the layer and its kind when a layer of `model` has no kernels in this
 // build: a run refuses it at start-up, before any rank starts.
 void check_layer_kernels(const ModelSpec& model);
