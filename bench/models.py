@@ -35,7 +35,17 @@ CONV3 = [dict(type="conv2d", filters=16, kernel=3, padding="same"), dict(type="r
          dict(type="conv2d", filters=32, kernel=3, padding="same"), dict(type="relu"),
          dict(type="global_avg_pool"), dict(type="dense", units=2)]
 
-MODELS = {"demo": DEMO, "seed": SEED, "conv3": CONV3}
+# ResNet's pattern without its pools: conv, batch norm, ReLU, conv (the batch norm + ReLU
+# chains that bench/fusion.py times), 16-32 channels at full resolution.
+def _bn_block(filters):
+    return [dict(type="conv2d", filters=filters, kernel=3, padding="same", bias=False),
+            dict(type="batch_norm"), dict(type="relu")]
+
+
+CONV_BN = (_bn_block(16) + _bn_block(32) + _bn_block(32) +
+           [dict(type="global_avg_pool"), dict(type="dense", units=2)])
+
+MODELS = {"demo": DEMO, "seed": SEED, "conv3": CONV3, "conv_bn": CONV_BN}
 
 
 def conv_shapes(layers, h, w, channels=1):

@@ -48,7 +48,7 @@ WARMUP, TIMED = 2, 6
 MiB = 2**20
 
 
-def run_halotrain(args, model, tag, data, h, w, grid, batch, steps=WARMUP + TIMED):
+def run_halotrain(args, model, tag, data, h, w, grid, batch, steps=WARMUP + TIMED, sets=()):
     run_dir = os.path.join(args.workdir, "run-" + tag)
     shutil.rmtree(run_dir, ignore_errors=True)  # every run a fresh one: no resume, no stale metrics
     cfg = os.path.join(args.workdir, tag + ".yaml")
@@ -57,7 +57,8 @@ def run_halotrain(args, model, tag, data, h, w, grid, batch, steps=WARMUP + TIME
     env.pop("OMP_NUM_THREADS", None)  # the launcher divides the cores among the shards
     log = os.path.join(args.workdir, tag + ".log")
     with open(log, "w") as out:
-        proc = subprocess.Popen([args.halotrain, "train", cfg], env=env, stdout=out, stderr=subprocess.STDOUT)
+        cmd = [args.halotrain, "train", cfg] + [a for kv in sets for a in ("--set", kv)]
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         with open(log) as f:

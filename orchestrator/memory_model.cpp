@@ -136,11 +136,11 @@ uint64_t StepMemory::lower_bound() const {
     uint64_t step = 0;
     // A backward holds its input, its output, their gradients; one of them where the input
     // gradient takes the output gradient's memory. A chain that may be fused holds at
-    // least its input and its gradient (fused_chains).
+    // least its input and its gradient (fused_chains), and without a pool the ReLU's output.
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
       if (z.chain_tail >= 0) {
-        if (makes_input_gradient(m.layers[l])) step = std::max(step, 2 * z.owned_in);
+        if (makes_input_gradient(m.layers[l])) step = std::max(step, (z.chain_pools ? 2 : 3) * z.owned_in);
         l = size_t(z.chain_tail);
       } else if (makes_input_gradient(m.layers[l])) {
         step = std::max(step, z.dx_over_dy ? z.owned_in + 2 * z.out : 2 * (z.owned_in + z.out));
@@ -188,13 +188,14 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
     x.grads = uint64_t(L.param_count(true)) * kFloat * (config.training.accumulate > 1 ? 2 : 1);
     x.optimizer = slots * uint64_t(L.param_count(true)) * kFloat;
     if (fused[size_t(l)] >= 0) {
-      // A fused chain (step_schedule.hpp): the batch norm keeps the argmax bytes and makes
-      // the chain's input gradient from the pool's output gradient; the ReLU makes nothing;
-      // the pool's output is kept as its policy says.
+      // A fused chain (step_schedule.hpp): the batch norm keeps a pool's argmax bytes and
+      // makes the chain's input gradient from its output gradient (without a pool, over
+      // it); the layers inside make nothing; the chain's output is kept as its policy says.
       const LayerSizes& head = sizes.layers[size_t(fused[size_t(l)])];
       if (fused[size_t(l)] == l) {
         x.activations = z.argmax;
-        x.transient = sizes.layers[size_t(z.chain_tail)].out + (makes_input_gradient(L) ? z.owned_in : 0);
+        x.transient = sizes.layers[size_t(z.chain_tail)].out +
+                      (makes_input_gradient(L) && z.chain_pools ? z.owned_in : 0);
       } else if (head.chain_tail == l) {
         if (policies[l] == ActivationPolicy::Offload) x.offloaded = z.out;
         else if (policies[l] == ActivationPolicy::Keep) x.activations = z.out;

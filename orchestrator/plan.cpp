@@ -30,8 +30,8 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // for its backward), with the output gradient and the new input gradient (in the same
   // memory where LayerTraits::backward_in_place), beside the image tile and targets; a
   // chain that may be fused (step_schedule.hpp chain_in_model), its input and the input's
-  // gradient. Owned tiles partition the image, so some rank holds at least 1/S of the whole
-  // image's sizes.
+  // gradient, and without a pool the ReLU's output. Owned tiles partition the image, so
+  // some rank holds at least 1/S of the whole image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };
@@ -40,7 +40,7 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
     const LayerSpec& spec = m.layers[l];
     const uint64_t in = whole(spec.in), out = whole(spec.out);
     if (const int tail = chain_in_model(config, m, l); tail >= 0) {
-      if (l >= 1) scaled = std::max(scaled, whole(m.input) + 2 * in);
+      if (l >= 1) scaled = std::max(scaled, whole(m.input) + (tail == l + 1 ? 3 : 2) * in);
       l = tail;
       continue;
     }

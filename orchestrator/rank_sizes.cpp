@@ -1,5 +1,5 @@
 // What each layer of a rank allocates in a step (step_schedule.hpp LayerSizes), which
-// batch norm + ReLU + max pool chains fuse, and the other sizes the schedule is made of.
+// batch norm + ReLU (+ max pool) chains fuse, and the other sizes the schedule is made of.
 #include <algorithm>
 #include <cstdlib>
 
@@ -44,43 +44,62 @@ bool backward_in_place(const ShardPlan& plan, int l) {
   return spec.kind().traits.backward_in_place && spec.inputs.size() == 1 && !plan.layers[size_t(l)].gathers;
 }
 
-int chain_in_model(const Config& config, const ModelSpec& m, int head) {
+namespace {
+
+// The max pool of a batch norm + ReLU + max pool chain at `head`, when the model has one
+// (the ReLU read only by a max pool whose windows tile its input), else -1.
+int pool_in_model(const ModelSpec& m, int head) {
   const int pool = head + 2;
-  if (config.parallel.backend != Backend::CPU || !config.parallel.fuse || pool >= int(m.layers.size())) return -1;
-  const LayerSpec& bn = m.layers[size_t(head)];
-  const LayerSpec& relu = m.layers[size_t(head) + 1];
+  if (pool >= int(m.layers.size())) return -1;
   const LayerSpec& mp = m.layers[size_t(pool)];
-  auto read_only_by = [&](int t, int reader) { return m.readers[size_t(t)] == std::vector<int>{reader}; };
-  if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 || relu.config.type() != "relu" ||
-      mp.config.type() != "max_pool2d" || !read_only_by(head + 1, head + 1) || !read_only_by(head + 2, pool))
-    return -1;
   auto tiles = [](const Window1D& w) {
     return w.kernel == w.stride && w.dilation == 1 && w.pad_lo == 0 && w.pad_hi == 0 && w.ceil_extra == 0;
   };
-  if (!tiles(mp.rows) || !tiles(mp.cols) || mp.rows.kernel * mp.cols.kernel >= 255) return -1;
+  if (m.readers[size_t(head) + 2] != std::vector<int>{pool} || mp.config.type() != "max_pool2d" ||
+      !tiles(mp.rows) || !tiles(mp.cols) || mp.rows.kernel * mp.cols.kernel >= 255)
+    return -1;
   return pool;
 }
 
-int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
-  const int pool = chain_in_model(config, plan.model, head);
-  if (pool < 0) return -1;
-  // Sharded like the image (not gathered, not the same on every shard of a group).
-  if (plan.replicated[size_t(plan.model.layers[size_t(head)].inputs[0])]) return -1;
-  for (int k = head; k <= pool; ++k)
-    if (plan.layers[size_t(k)].gathers || !plan.layers[size_t(k)].sharded) return -1;
+// Whether every rank's windows of the chain's pool start at the first row and column it
+// owns, read nothing of its neighbours' (no halo) and leave fewer than a window's rows
+// and columns over (the last shard of an odd size).
+bool pools_own_shards(const ShardPlan& plan, int pool) {
   const Window1D &rows = plan.model.layers[size_t(pool)].rows, &cols = plan.model.layers[size_t(pool)].cols;
-  // Every rank's windows start at the first row and column it owns, read nothing of its
-  // neighbours' (no halo) and leave fewer than a window's rows and columns over (the last
-  // shard of an odd size).
   auto pools_own = [](const Range& in, const Range& need, const Range& out, int k) {
     return need.lo >= in.lo && need.hi <= in.hi && out.lo * k == in.lo && in.size() / k == out.size();
   };
   for (int r = 0; r < plan.world(); ++r) {
     const Rect in = plan.owned_input(pool, r), need = plan.needed_input(pool, r), out = plan.owned_output(pool, r);
     if (!pools_own(in.rows, need.rows, out.rows, rows.kernel) || !pools_own(in.cols, need.cols, out.cols, cols.kernel))
-      return -1;
+      return false;
   }
-  return pool;
+  return true;
+}
+
+}  // namespace
+
+int chain_in_model(const Config& config, const ModelSpec& m, int head) {
+  const int relu = head + 1;
+  if (config.parallel.backend != Backend::CPU || !config.parallel.fuse || relu >= int(m.layers.size())) return -1;
+  const LayerSpec& bn = m.layers[size_t(head)];
+  if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 ||
+      m.layers[size_t(relu)].config.type() != "relu" || m.readers[size_t(relu)] != std::vector<int>{relu})
+    return -1;
+  const int pool = pool_in_model(m, head);
+  return pool >= 0 ? pool : relu;
+}
+
+int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
+  int tail = chain_in_model(config, plan.model, head);
+  if (tail < 0) return -1;
+  // A pool whose windows cross the shards' borders stays apart: the chain ends at the ReLU.
+  if (tail == head + 2 && !pools_own_shards(plan, tail)) tail = head + 1;
+  // Sharded like the image (not gathered, not the same on every shard of a group).
+  if (plan.replicated[size_t(plan.model.layers[size_t(head)].inputs[0])]) return -1;
+  for (int k = head; k <= tail; ++k)
+    if (plan.layers[size_t(k)].gathers || !plan.layers[size_t(k)].sharded) return -1;
+  return tail;
 }
 
 std::vector<int> fused_chains(const RankSizes& sizes) {
@@ -130,7 +149,8 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
                                              uint64_t(need.cols.size() + extra_w) * kFloat);
     }
     if (use == ConvUse::Training) z.chain_tail = fusable_chain(config, plan, l);
-    if (z.chain_tail >= 0) {
+    z.chain_pools = z.chain_tail == l + 2;
+    if (z.chain_pools) {
       const Rect pooled = plan.owned_output(z.chain_tail, rank);
       z.argmax = (uint64_t(pooled.area()) * uint64_t(spec.out.c) * uint64_t(b) + kFloat - 1) / kFloat * kFloat;
     }

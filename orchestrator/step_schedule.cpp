@@ -111,7 +111,7 @@ class StepWalk {
   }
   uint64_t act_bytes(int t) const { return t == 0 ? z_.input : inner_of_chain(t) ? 0 : at(t - 1).out; }
   // Fusion (fused_chains): whether layer l is part of a fused chain this step, and whether
-  // tensor t is made inside one (the batch norm's or the ReLU's output): never made.
+  // tensor t is made inside one (the batch norm's output, or a pooled chain's ReLU's): never made.
   bool fused(int l) const { return fused_[size_t(l)] >= 0; }
   bool inner_of_chain(int t) const {
     return t > 0 && fused(t - 1) && at(fused_[size_t(t) - 1]).chain_tail != t - 1;
@@ -306,20 +306,33 @@ class StepWalk {
     release(K::Transient, at(l).ext);
   }
 
-  // A fused chain's backward: the ReLU and the pool pass the pool's output gradient down (the
-  // pool's output goes); the batch norm makes the chain's input gradient from it.
+  // A fused chain's backward: its later layers pass the chain's output gradient down (a
+  // pool frees its output); the batch norm makes the chain's input gradient from it: in a
+  // new tensor from the argmax bytes, or without a pool over it, reading the ReLU's output,
+  // which goes then.
   void fused_backward(int l) {
     const int t = inputs(l)[0];
-    if (fused_[size_t(l)] != l) {
-      release(K::Activations, act_bytes(l + 1));
-      where_[l + 1] = Where::Freed;
+    const int head = fused_[size_t(l)];
+    if (head != l) {
+      if (at(head).chain_pools) {
+        release(K::Activations, act_bytes(l + 1));
+        where_[l + 1] = Where::Freed;
+      }
       has_grad_[t] = true;
       return;
     }
+    const int tail = at(l).chain_tail;
+    const uint64_t dy = at(tail).out;  // the chain's output gradient
     const bool dx = makes_dx(l, 0);
-    if (dx) alloc(K::Transient, at(l).owned_in);
-    release(K::Activations, at(l).argmax);
-    release(K::Transient, act_bytes(at(l).chain_tail + 1));  // the pool's output gradient
+    if (at(l).chain_pools) {
+      if (dx) alloc(K::Transient, at(l).owned_in);
+      release(K::Transient, dy);
+      release(K::Activations, at(l).argmax);
+    } else {
+      release(K::Activations, act_bytes(tail + 1));  // the ReLU's output
+      where_[tail + 1] = Where::Freed;
+      if (!dx) release(K::Transient, dy);
+    }
     where_[l + 1] = Where::Freed;
     if (!dx) return;
     if (has_grad_[t]) release(K::Transient, at(l).owned_in);

@@ -67,8 +67,10 @@ struct LayerSizes {
   bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
   // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
-  // chain's max pool, and the bytes of the pool's argmax (one per window, in whole floats).
+  // chain's last layer (its ReLU, or its max pool), whether it is a pool, and the bytes of
+  // the pool's argmax (one per window, in whole floats).
   int chain_tail = -1;
+  bool chain_pools = false;
   uint64_t argmax = 0;
 };
 struct RankSizes {
@@ -89,24 +91,29 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
 bool backward_in_place(const ShardPlan& plan, int l);
 
 // Pointwise fusion, a property of the schedule (the layers stay separate descriptions): a
-// batch norm on a feature map, read only by a ReLU, read only by a max pool whose windows
-// tile its input on every rank (kernel == stride, no padding, no halo), runs as one chain
-// (kernels/cpu/norm_relu_pool.hpp). The batch norm's Forward gathers its statistics and
-// writes only the pool's output and one argmax byte per window; the batch norm's and the
-// ReLU's outputs are never made, so their policies have nothing to act on. The ReLU's and
-// the pool's Forward do nothing; their Backward pass the pool's output gradient down as it
-// is (the pool's frees its output), and the batch norm's Backward makes the chain's input
-// gradient from it, the argmax bytes and the batch norm's input. The pool's output is
-// offloaded or dropped as its policy says like any other; dropped, the whole chain is
-// recomputed (at the batch norm, making the output again and keeping the argmax bytes).
-// Every policy runs the same kernels, so their results stay the same bits.
+// batch norm on a feature map read only by a ReLU runs with it as one chain, and with a
+// max pool too when the ReLU is read only by one whose windows tile its input on every
+// rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp). The batch
+// norm's Forward gathers its statistics and writes only the chain's output (the ReLU's, or
+// the pool's and one argmax byte per window); the batch norm's output, and in a pooled
+// chain the ReLU's, are never made, so their policies have nothing to act on. The other
+// layers' Forward do nothing; their Backward pass the chain's output gradient down as it
+// is, and the batch norm's Backward makes the chain's input gradient from it and the batch
+// norm's input: in a pooled chain from the argmax bytes (the pool's Backward frees its
+// output), without a pool from the ReLU's output (freed there), over the output gradient's
+// memory (norm.hpp bn_relu_backward_*: the bits of the ReLU's backward, then the batch
+// norm's). The chain's output is offloaded or dropped as its policy says like any other;
+// dropped, the whole chain is recomputed (at the batch norm, making the output again and
+// keeping the argmax bytes). Every policy runs the same kernels, so their results stay the
+// same bits.
 //
-// fusable_chain: the chain's pool when layer `head` may head one in a training step of this
-// plan (the CPU backend, which has the fused kernels; the plan's shapes and halos), else -1;
-// chain_in_model: the same from the model's shapes alone (no halos), for bounds that hold
-// on every grid. fused_chains: per layer, the head of the fusable chain it is part of
+// fusable_chain: the chain's last layer when layer `head` may head one in a training step
+// of this plan (the CPU backend, which has the fused kernels; the plan's shapes and halos:
+// a pool that crosses the shards' borders stays apart), else -1; chain_in_model: the same
+// from the model's shapes alone (no halos), for bounds that hold on every grid.
+// fused_chains: per layer, the head of the fusable chain it is part of
 // (LayerSizes::chain_tail), else -1. Where no gradient reaches a chain (a frozen stem) its
-// SkipBackward drop the argmax bytes and the pool's output.
+// SkipBackward drop the argmax bytes and the chain's output.
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);
 std::vector<int> fused_chains(const RankSizes& sizes);

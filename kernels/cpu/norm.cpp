@@ -125,9 +125,12 @@ void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, d
   });
 }
 
-template <class T>
-void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
-                      const T* gamma, const T* beta, T* y) {
+namespace {
+
+// y = (x - mean) * invstd * gamma + beta per plane, then `after` of each value.
+template <class T, class After>
+void bn_affine(int n, int c, long hw, const T* x, const double* mean, const double* invstd, const T* gamma,
+               const T* beta, T* y, After after) {
   const long planes = long(n) * c;
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
@@ -136,26 +139,88 @@ void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, con
     const T* xp = x + size_t(p) * hw;
     T* yp = y + size_t(p) * hw;
 #pragma omp simd
-    for (long i = 0; i < hw; ++i) yp[i] = (xp[i] - m) * s + b;
+    for (long i = 0; i < hw; ++i) yp[i] = after((xp[i] - m) * s + b);
   }
+}
+
+}  // namespace
+
+template <class T>
+void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
+                      const T* gamma, const T* beta, T* y) {
+  bn_affine(n, c, hw, x, mean, invstd, gamma, beta, y, [](T v) { return v; });
+}
+
+template <class T>
+void bn_relu_forward(int n, int c, long hw, const T* x, const double* mean, const double* invstd, const T* gamma,
+                     const T* beta, T* y) {
+  // relu_forward's test: NaN passes.
+  bn_affine(n, c, hw, x, mean, invstd, gamma, beta, y, [](T v) { return v < T(0) ? T(0) : v; });
 }
 
 namespace {
 
-// One plane's sums of dy and of dy * (x - m): float partial sums over kBlock elements
-// (vectorised), accumulated in double.
-template <class T>
-void plane_dy_sums(const T* dp, const T* xp, T m, long hw, double& sum_dy, double& sum_dy_dev) {
+// The gradient reaching the batch norm at pixel i: dy, or with a ReLU after it (its output
+// y) relu_backward's dy where y > 0, else 0.
+template <class T, bool Relu>
+__attribute__((always_inline)) inline T grad_in(const T* dp, const T* yp, long i) {
+  const T d = dp[i];
+  if constexpr (Relu) {
+    const T yv = yp[i];  // both loads unconditional: a select the loops vectorise
+    return yv <= T(0) ? T(0) : d;
+  }
+  (void)yp;
+  return d;
+}
+
+// One plane's sums of g and of g * (x - m), g = grad_in: float partial sums over kBlock
+// elements (vectorised), accumulated in double.
+template <class T, bool Relu>
+void plane_dy_sums(const T* dp, const T* yp, const T* xp, T m, long hw, double& sum_dy, double& sum_dy_dev) {
   for (long i0 = 0; i0 < hw; i0 += kBlock) {
     const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
     T s = 0, sx = 0;
 #pragma omp simd reduction(+ : s, sx)
     for (long i = i0; i < i1; ++i) {
-      s += dp[i];
-      sx += dp[i] * (xp[i] - m);
+      const T g = grad_in<T, Relu>(dp, yp, i);
+      s += g;
+      sx += g * (xp[i] - m);
     }
     sum_dy += double(s);
     sum_dy_dev += double(sx);
+  }
+}
+
+template <class T, bool Relu>
+void backward_sums(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                   const double* invstd, double* sum_dy, double* sum_dy_xhat) {
+  std::vector<double> sdx(c, 0.0);
+  reduce_planes(n, c, hw, sum_dy, sdx.data(), [&](long p, double* out) {
+    plane_dy_sums<T, Relu>(dy + size_t(p) * hw, Relu ? y + size_t(p) * hw : nullptr, x + size_t(p) * hw,
+                           T(mean[p % c]), hw, out[0], out[1]);
+  });
+  // invstd is constant per channel: apply it once to the sum of dy*(x-mean).
+  for (int ch = 0; ch < c; ++ch) sum_dy_xhat[ch] += sdx[ch] * invstd[ch];
+}
+
+template <class T, bool Relu>
+void backward_apply(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                    const double* invstd, const T* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                    double count, T* dx) {
+  const long planes = long(n) * c;
+#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
+  for (long p = 0; p < planes; ++p) {
+    const int ch = int(p % c);
+    // dx = k*g + a*(x-mean) + b  with the per-channel constants below.
+    const double is = invstd[ch], k = (gamma ? double(gamma[ch]) : 1.0) * is;
+    const T tk = T(k), m = T(mean[ch]);
+    const T a = T(-k * is * sum_dy_xhat[ch] / count), b = T(-k * sum_dy[ch] / count);
+    const T* dp = dy + size_t(p) * hw;
+    const T* yp = Relu ? y + size_t(p) * hw : nullptr;
+    const T* xp = x + size_t(p) * hw;
+    T* out = dx + size_t(p) * hw;
+#pragma omp simd
+    for (long i = 0; i < hw; ++i) out[i] = tk * grad_in<T, Relu>(dp, yp, i) + a * (xp[i] - m) + b;
   }
 }
 
@@ -164,32 +229,27 @@ void plane_dy_sums(const T* dp, const T* xp, T m, long hw, double& sum_dy, doubl
 template <class T>
 void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
                       const double* invstd, double* sum_dy, double* sum_dy_xhat) {
-  std::vector<double> sdx(c, 0.0);
-  reduce_planes(n, c, hw, sum_dy, sdx.data(), [&](long p, double* out) {
-    plane_dy_sums(dy + size_t(p) * hw, x + size_t(p) * hw, T(mean[p % c]), hw, out[0], out[1]);
-  });
-  // invstd is constant per channel: apply it once to the sum of dy*(x-mean).
-  for (int ch = 0; ch < c; ++ch) sum_dy_xhat[ch] += sdx[ch] * invstd[ch];
+  backward_sums<T, false>(n, c, hw, dy, nullptr, x, mean, invstd, sum_dy, sum_dy_xhat);
 }
 
 template <class T>
 void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean,
                        const double* invstd, const T* gamma, const double* sum_dy,
                        const double* sum_dy_xhat, double count, T* dx) {
-  const long planes = long(n) * c;
-#pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
-  for (long p = 0; p < planes; ++p) {
-    const int ch = int(p % c);
-    // dx = k*dy + a*(x-mean) + b  with the per-channel constants below.
-    const double is = invstd[ch], k = (gamma ? double(gamma[ch]) : 1.0) * is;
-    const T tk = T(k), m = T(mean[ch]);
-    const T a = T(-k * is * sum_dy_xhat[ch] / count), b = T(-k * sum_dy[ch] / count);
-    const T* dp = dy + size_t(p) * hw;
-    const T* xp = x + size_t(p) * hw;
-    T* out = dx + size_t(p) * hw;
-#pragma omp simd
-    for (long i = 0; i < hw; ++i) out[i] = tk * dp[i] + a * (xp[i] - m) + b;
-  }
+  backward_apply<T, false>(n, c, hw, dy, nullptr, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
+}
+
+template <class T>
+void bn_relu_backward_sums(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                           const double* invstd, double* sum_dy, double* sum_dy_xhat) {
+  backward_sums<T, true>(n, c, hw, dy, y, x, mean, invstd, sum_dy, sum_dy_xhat);
+}
+
+template <class T>
+void bn_relu_backward_apply(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                            const double* invstd, const T* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                            double count, T* dx) {
+  backward_apply<T, true>(n, c, hw, dy, y, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
 }
 
 template <class T>
@@ -232,7 +292,7 @@ void plane_backward_sums(int n, int c, long hw, const T* dy, const T* x, const d
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
   for (long p = 0; p < planes; ++p) {
     double a = 0, b = 0;
-    plane_dy_sums(dy + size_t(p) * hw, x + size_t(p) * hw, T(mean[p]), hw, a, b);
+    plane_dy_sums<T, false>(dy + size_t(p) * hw, nullptr, x + size_t(p) * hw, T(mean[p]), hw, a, b);
     sum_dy[p] = a;
     sum_dy_dev[p] = b;
   }
@@ -259,8 +319,14 @@ void plane_backward_apply(int n, int c, long hw, const T* dy, const T* x, const 
   template void channel_sq_dev_sum<T>(int, int, long, const T*, const double*, double*);    \
   template void bn_forward_apply<T>(int, int, long, const T*, const double*, const double*, \
                                     const T*, const T*, T*);                                \
+  template void bn_relu_forward<T>(int, int, long, const T*, const double*, const double*, \
+                                   const T*, const T*, T*);                                \
   template void bn_backward_sums<T>(int, int, long, const T*, const T*, const double*,      \
                                     const double*, double*, double*);                       \
+  template void bn_relu_backward_sums<T>(int, int, long, const T*, const T*, const T*, const double*, \
+                                         const double*, double*, double*);                  \
+  template void bn_relu_backward_apply<T>(int, int, long, const T*, const T*, const T*, const double*, \
+                                          const double*, const T*, const double*, const double*, double, T*); \
   template void bn_backward_apply<T>(int, int, long, const T*, const T*, const double*,     \
                                      const double*, const T*, const double*, const double*, \
                                      double, T*);                                           \

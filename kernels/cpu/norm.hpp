@@ -28,6 +28,11 @@ void channel_sq_dev_sum(int n, int c, long hw, const T* x, const double* mean, d
 template <class T>
 void bn_forward_apply(int n, int c, long hw, const T* x, const double* mean, const double* invstd,
                       const T* gamma, const T* beta, T* y);
+// y = relu((x - mean) * invstd * gamma + beta): the bits of bn_forward_apply, then
+// relu_forward (elementwise.hpp), in one pass (the step schedule's batch norm + ReLU chain).
+template <class T>
+void bn_relu_forward(int n, int c, long hw, const T* x, const double* mean, const double* invstd, const T* gamma,
+                     const T* beta, T* y);
 // sum_dy[c] += sum dy; sum_dy_xhat[c] += sum dy * (x - mean) * invstd.
 template <class T>
 void bn_backward_sums(int n, int c, long hw, const T* dy, const T* x, const double* mean,
@@ -38,6 +43,16 @@ template <class T>
 void bn_backward_apply(int n, int c, long hw, const T* dy, const T* x, const double* mean,
                        const double* invstd, const T* gamma, const double* sum_dy,
                        const double* sum_dy_xhat, double count, T* dx);
+// The batch norm's backward under a ReLU (the step schedule's batch norm + ReLU chain): the
+// two above for the gradient relu_backward(y, dy) passes down, y the ReLU's output, with
+// the same bits, without writing that gradient. dx may be dy.
+template <class T>
+void bn_relu_backward_sums(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                           const double* invstd, double* sum_dy, double* sum_dy_xhat);
+template <class T>
+void bn_relu_backward_apply(int n, int c, long hw, const T* dy, const T* y, const T* x, const double* mean,
+                            const double* invstd, const T* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                            double count, T* dx);
 
 // The same pieces per (image, channel) plane p < n * c, for the normalisations whose
 // statistics are per image (instance and group norm); the caller turns plane sums into

@@ -258,7 +258,7 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   EXPECT_EQ(events(StepAction::Forward, 3), V{});
   EXPECT_EQ(events(StepAction::Backward, 3), V{-int64_t(pooled)});  // the pool's output
   EXPECT_EQ(events(StepAction::Backward, 2), V{});
-  EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(argmax), -int64_t(pooled)}));
+  EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
 
   LayerPolicies drop_pool = uniform_policies(m, ActivationPolicy::Keep);
   drop_pool[3] = ActivationPolicy::Recompute;
@@ -280,6 +280,39 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   EXPECT_EQ(training_schedule(cuda, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
             std::vector<int>(8, -1));
   EXPECT_LT(fused + x, estimate_memory(cuda, p, rank).activations);
+}
+
+// conv -> batch norm -> ReLU -> conv on CPU: the batch norm's Forward makes the ReLU's
+// output only. The ReLU's Backward passes the output gradient down and leaves its output
+// for the batch norm's, which reads it and frees it, its input gradient written over the
+// output gradient. Unfused, the normalised tensor is kept besides.
+TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
+  Config c = classifier();
+  c.model.layers = {conv(8), layer("batch_norm"), layer("relu"), conv(16), layer("relu"), layer("global_avg_pool"),
+                    dense(2)};
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const int rank = 1;
+  const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, 4);
+  const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
+  const StepSchedule s = training_schedule(c, p, rank, keep);
+  EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, -1, -1, -1, -1}));
+  auto events = [&](StepAction a, int l) {
+    std::vector<int64_t> bytes;
+    for (const StepOp& op : s.ops)
+      if (op.action == a && op.index == l)
+        for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
+    return bytes;
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(events(StepAction::Forward, 1), V{int64_t(x)});
+  EXPECT_EQ(events(StepAction::Forward, 2), V{});
+  EXPECT_EQ(events(StepAction::Backward, 2), V{});
+  EXPECT_EQ(events(StepAction::Backward, 1), V{-int64_t(x)});  // the ReLU's output
+  Config apart = c;
+  apart.parallel.fuse = false;
+  EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(7, -1));
+  EXPECT_EQ(estimate_memory(c, p, rank).activations + x, estimate_memory(apart, p, rank).activations);
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {

@@ -1,5 +1,5 @@
-// The fused batch norm + ReLU + max pool (kernels/cpu/norm_relu_pool.hpp) against the three
-// kernels it replaces, run one after the other: the forward to the bit, the backward's input
+// The fused batch norm + ReLU + max pool (kernels/cpu/norm_relu_pool.hpp), and batch norm +
+// ReLU (norm.hpp bn_relu_forward), against the kernels they replace, run one after the other: the forward to the bit, the backward's input
 // gradient to the bit for the same sums, and the sums within float rounding (their order of
 // additions differs). The unfused kernels are checked against PyTorch by the oracle tests.
 #include <gtest/gtest.h>
@@ -221,6 +221,66 @@ TEST(NormReluPoolCpu, InputGradientIsBatchNormsToTheBitForTheSameSums) {
       EXPECT_NEAR(fs[size_t(ch)], sum_dy[size_t(ch)], 1e-4 * (1 + std::abs(sum_dy[size_t(ch)])));
       EXPECT_NEAR(fsx[size_t(ch)], sum_dy_xhat[size_t(ch)], 1e-4 * (1 + std::abs(sum_dy_xhat[size_t(ch)])));
     }
+  }
+}
+
+// The chain without a pool (norm.hpp bn_relu_forward): bn_forward_apply then relu_forward
+// to the bit, NaN passing as the ReLU passes it, with and without gamma and beta.
+TEST(NormReluCpu, ForwardIsBatchNormThenReluToTheBit) {
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.s.n << "x" << k.s.c << "x" << k.s.h << "x" << k.s.w);
+    Chain<float> c(k, 17);
+    c.x[c.x.size() / 3] = std::nanf("");
+    for (const bool affine : {true, false}) {
+      const float* gamma = affine ? c.gamma.data() : nullptr;
+      const float* beta = affine ? c.beta.data() : nullptr;
+      std::vector<float> normalised(c.x.size()), expected(c.x.size()), y(c.x.size(), 1e3f);
+      bn_forward_apply<float>(k.s.n, k.s.c, c.hw(), c.x.data(), c.mean.data(), c.invstd.data(), gamma, beta,
+                              normalised.data());
+      relu_forward<float>(normalised.size(), normalised.data(), expected.data());
+      bn_relu_forward<float>(k.s.n, k.s.c, c.hw(), c.x.data(), c.mean.data(), c.invstd.data(), gamma, beta, y.data());
+      expect_same_bits(y, expected, affine ? "with gamma and beta" : "without");
+      EXPECT_TRUE(std::isnan(y[c.x.size() / 3]));
+    }
+  }
+}
+
+// Its backward (bn_relu_backward_sums, bn_relu_backward_apply) against relu_backward, then
+// bn_backward_sums and bn_backward_apply: the same sums and input gradient to the bit, the
+// input gradient also written over the output gradient.
+TEST(NormReluCpu, BackwardIsReluThenBatchNormToTheBit) {
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.s.n << "x" << k.s.c << "x" << k.s.h << "x" << k.s.w);
+    const Chain<float> c(k, 19);
+    const size_t size = c.x.size();
+    const long hw = c.hw();
+    const double count = double(k.s.n) * hw;
+    std::vector<float> y(size), dy(size);
+    bn_relu_forward<float>(k.s.n, k.s.c, hw, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(),
+                           c.beta.data(), y.data());
+    std::mt19937 rng(23);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& v : dy) v = normal(rng);
+
+    std::vector<float> g(size), expected(size);
+    relu_backward<float>(size, y.data(), dy.data(), g.data());
+    std::vector<double> sd(size_t(k.s.c), 0.0), sdx(size_t(k.s.c), 0.0);
+    bn_backward_sums<float>(k.s.n, k.s.c, hw, g.data(), c.x.data(), c.mean.data(), c.invstd.data(), sd.data(),
+                            sdx.data());
+    bn_backward_apply<float>(k.s.n, k.s.c, hw, g.data(), c.x.data(), c.mean.data(), c.invstd.data(),
+                             c.gamma.data(), sd.data(), sdx.data(), count, expected.data());
+
+    std::vector<double> fd(size_t(k.s.c), 0.0), fdx(size_t(k.s.c), 0.0);
+    bn_relu_backward_sums<float>(k.s.n, k.s.c, hw, dy.data(), y.data(), c.x.data(), c.mean.data(), c.invstd.data(),
+                                 fd.data(), fdx.data());
+    for (int ch = 0; ch < k.s.c; ++ch) {
+      EXPECT_EQ(fd[size_t(ch)], sd[size_t(ch)]) << "channel " << ch;
+      EXPECT_EQ(fdx[size_t(ch)], sdx[size_t(ch)]) << "channel " << ch;
+    }
+    std::vector<float> over = dy;
+    bn_relu_backward_apply<float>(k.s.n, k.s.c, hw, over.data(), y.data(), c.x.data(), c.mean.data(),
+                                  c.invstd.data(), c.gamma.data(), fd.data(), fdx.data(), count, over.data());
+    expect_same_bits(over, expected, "input gradient over the output gradient");
   }
 }
 

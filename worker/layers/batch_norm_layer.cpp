@@ -1,4 +1,4 @@
-// The batch norm layer, and its half of a fused batch norm + ReLU + max pool chain
+// The batch norm layer, and its half of a fused batch norm + ReLU (+ max pool) chain
 // (orchestrator/step_schedule.hpp fused_chains).
 #include <fmt/format.h>
 
@@ -17,32 +17,58 @@ class BatchNormLayer : public Layer {
  public:
   using Layer::Layer;
 
-  // Batch norm + ReLU + max pool (kernels/geometry.hpp NormPoolShape): the pooled output and
-  // an argmax byte per window; the normalised tensor and the ReLU's output are never made.
+  // Batch norm + ReLU: the ReLU's output. Batch norm + ReLU + max pool (kernels/geometry.hpp
+  // NormPoolShape): the pooled output and an argmax byte per window. The normalised tensor,
+  // and with a pool the ReLU's output, are never made.
   Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode) override {
     check_input(x);
+    if (mode == ForwardMode::Eval) throw std::logic_error(label() + ": a fused chain is for training");
+    const LayerSpec& last = model().layers[size_t(tail)];
+    const std::string what = fmt::format("output of {} (rank {})", last.config.name, ctx_.rank);
+    if (!pools(tail)) {
+      set_statistics(x, mode);
+      Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), what);
+      ctx_.backend.bn_relu_forward(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), mean_.data(), invstd_.data(),
+                                   weight("gamma:0"), weight("beta:0"), y.data());
+      return y;
+    }
     const NormPoolShape s = chain_shape(x, tail);
-    const LayerSpec& pool = model().layers[size_t(tail)];
     const Rect out = ctx_.plan.owned_output(tail, ctx_.rank);
     if (out.rows.size() != s.ho() || out.cols.size() != s.wo())
       throw std::logic_error(fmt::format("{}: the fused {} makes {}x{}, the plan says {}x{}", label(),
-                                         pool.config.name, s.ho(), s.wo(), out.rows.size(), out.cols.size()));
-    if (mode == ForwardMode::Eval) throw std::logic_error(label() + ": a fused chain is for training");
+                                         last.config.name, s.ho(), s.wo(), out.rows.size(), out.cols.size()));
     set_statistics(x, mode);
-    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), s.ho(), s.wo(),
-             fmt::format("output of {} (rank {})", pool.config.name, ctx_.rank));
+    Tensor y(ctx_.backend.allocator(), x.n(), x.c(), s.ho(), s.wo(), what);
     // A recompute writes the same argmax bytes again, into the forward's.
     if (mode == ForwardMode::Train)
       argmax_ = Tensor(ctx_.backend.allocator(), 1, 1, 1, int((s.y_size() + sizeof(float) - 1) / sizeof(float)),
-                       fmt::format("argmax of {} (rank {})", pool.config.name, ctx_.rank));
+                       fmt::format("argmax of {} (rank {})", last.config.name, ctx_.rank));
     else if (argmax_.empty())
       throw std::logic_error(label() + ": a fused chain recomputed without its forward");
     ctx_.backend.bn_relu_max_pool_forward(s, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
                                           weight("beta:0"), y.data(), argmax());
     return y;
   }
-  Tensor backward_chain(const Tensor& x, const Tensor& dy, int tail, bool need_dx) override {
+  Tensor backward_chain(const Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx) override {
     check_input(x);
+    if (!pools(tail)) {  // the ReLU's and the batch norm's backward in two passes, dx over dy
+      if (dy.n() != x.n() || dy.c() != x.c() || dy.h() != x.h() || dy.w() != x.w() || y.size() != dy.size())
+        throw std::logic_error(label() + ": the fused chain's output or its gradient does not match its input");
+      const int64_t hw = int64_t(x.h()) * x.w();
+      gradients(
+          x.c(), need_dx,
+          [&](double* sum_dy, double* sum_dy_xhat) {
+            ctx_.backend.bn_relu_backward_sums(x.n(), x.c(), hw, dy.data(), y.data(), x.data(), mean_.data(),
+                                               invstd_.data(), sum_dy, sum_dy_xhat);
+          },
+          [&](const double* sum_dy, const double* sum_dy_xhat, double count) {
+            ctx_.backend.bn_relu_backward_apply(x.n(), x.c(), hw, dy.data(), y.data(), x.data(), mean_.data(),
+                                                invstd_.data(), weight("gamma:0"), sum_dy, sum_dy_xhat, count,
+                                                dy.data());
+          });
+      if (!need_dx) dy.release();
+      return dy;
+    }
     const NormPoolShape s = chain_shape(x, tail);
     if (dy.n() != s.n || dy.c() != s.c || dy.h() != s.ho() || dy.w() != s.wo() || argmax_.empty())
       throw std::logic_error(label() + ": the fused chain's output gradient or argmax does not match its forward");
@@ -172,6 +198,7 @@ class BatchNormLayer : public Layer {
     if (x.n() != ctx_.local_batch || x.c() != spec().in.c || x.h() != in.rows.size() || x.w() != in.cols.size())
       throw std::logic_error(label() + ": the fused chain's input is not the plan's");
   }
+  bool pools(int tail) const { return tail == index_ + 2; }  // else the chain ends at its ReLU
   NormPoolShape chain_shape(const Tensor& x, int tail) const {
     const LayerSpec& pool = model().layers[size_t(tail)];
     return NormPoolShape{x.n(), x.c(), x.h(), x.w(), pool.rows.kernel, pool.cols.kernel};

@@ -82,11 +82,12 @@ class Layer {
 
   // A fused chain headed by this layer (orchestrator/step_schedule.hpp fused_chains; a
   // batch norm's): the training forward (Train or Recompute) from this layer's input x to
-  // the output of layer `tail`, keeping what the chain's backward needs; the backward from
-  // that output's gradient dy to x's (empty unless need_dx), writing this layer's weight
-  // gradients. std::logic_error for a kind that heads no chain.
+  // y, the output of layer `tail`, keeping what the chain's backward needs; the backward
+  // from y's gradient dy to x's (empty unless need_dx; a chain whose backward reads y
+  // returns it in dy's memory), writing this layer's weight gradients. std::logic_error
+  // for a kind that heads no chain.
   virtual Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode);
-  virtual Tensor backward_chain(const Tensor& x, const Tensor& dy, int tail, bool need_dx);
+  virtual Tensor backward_chain(const Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx);
 
   // Wall seconds this layer has spent in collectives (batch statistics, global pools,
   // gathers, the gradients of replicated inputs) since it was made, waiting included.

@@ -66,15 +66,18 @@ void Trainer::forward_chain(MicroBatch& a, int l, ForwardMode mode) {
 
 void Trainer::backward_chain(MicroBatch& a, int l) {
   const int t = plan_.model.layers[l].inputs[0];
-  if (schedule_.fused[size_t(l)] != l) {  // the ReLU and the pool pass the output gradient down
-    a.device[l + 1].release();
+  const int head = schedule_.fused[size_t(l)];
+  const int tail = chain_tail(head);
+  if (head != l) {  // pass the output gradient down; a ReLU's output waits for the head
+    if (tail == head + 2) a.device[l + 1].release();
     a.grads[t] = std::move(a.grads[l + 1]);
     return;
   }
   const bool need_dx = gradient_[size_t(t)];
-  Tensor dx = device_->layers[l]->backward_chain(a.device[t], a.grads[l + 1], chain_tail(l), need_dx);
+  Tensor dx = device_->layers[l]->backward_chain(a.device[t], a.device[size_t(tail) + 1], std::move(a.grads[l + 1]),
+                                                 tail, need_dx);
   device_->layers[l]->release_saved();
-  a.grads[l + 1].release();
+  a.device[size_t(tail) + 1].release();  // a pooled chain's went at the pool
   if (need_dx) add_gradient(a, t, std::move(dx));
 }
 

@@ -110,6 +110,30 @@ class ComputeBackend {
                                  const float* gamma, const double* host_sum_dy,
                                  const double* host_sum_dy_xhat, double count, float* dx) = 0;
 
+  // Batch norm and ReLU as one fused chain (orchestrator/step_schedule.hpp fused_chains):
+  // y = relu(bn_forward_apply(x)) in one pass; the backward's sums (overwritten) and input
+  // gradient (dx may be dy) for the gradient relu_backward(y, dy) would pass down. The step
+  // schedule fuses on the CPU backend only; another backend throws std::logic_error.
+  virtual void bn_relu_forward(int n, int c, int64_t hw, const float* x, const double* host_mean,
+                               const double* host_invstd, const float* gamma, const float* beta, float* y) {
+    (void)n, (void)c, (void)hw, (void)x, (void)host_mean, (void)host_invstd, (void)gamma, (void)beta, (void)y;
+    not_fused();
+  }
+  virtual void bn_relu_backward_sums(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+                                     const double* host_mean, const double* host_invstd, double* host_sum_dy,
+                                     double* host_sum_dy_xhat) {
+    (void)n, (void)c, (void)hw, (void)dy, (void)y, (void)x, (void)host_mean, (void)host_invstd, (void)host_sum_dy,
+        (void)host_sum_dy_xhat;
+    not_fused();
+  }
+  virtual void bn_relu_backward_apply(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+                                      const double* host_mean, const double* host_invstd, const float* gamma,
+                                      const double* host_sum_dy, const double* host_sum_dy_xhat, double count,
+                                      float* dx) {
+    (void)n, (void)c, (void)hw, (void)dy, (void)y, (void)x, (void)host_mean, (void)host_invstd, (void)gamma,
+        (void)host_sum_dy, (void)host_sum_dy_xhat, (void)count, (void)dx;
+    not_fused();
+  }
   // Batch norm, ReLU and a tiling max pool as one fused chain (kernels/geometry.hpp
   // NormPoolShape; orchestrator/step_schedule.hpp fused_chains): the forward writes the
   // pooled tensor and one argmax byte per window; the backward's sums (overwritten) and its
@@ -218,7 +242,7 @@ class ComputeBackend {
 
  private:
   [[noreturn]] static void not_fused() {
-    throw std::logic_error("this backend has no fused batch norm + ReLU + max pool (the step schedule fuses on CPU)");
+    throw std::logic_error("this backend has no fused batch norm + ReLU (+ max pool) (the step schedule fuses on CPU)");
   }
 };
 
