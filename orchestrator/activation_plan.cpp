@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "orchestrator/files.hpp"
+
 namespace ht {
 
 DeviceCostModel k80_die() {
@@ -129,12 +131,13 @@ struct Candidate {
   LayerPolicies policies;
   uint64_t peak = 0;
   int worst = 0;  // the shard at that peak
+  uint64_t host = 0;  // the largest host pool of any shard
   double seconds = 0;
 };
 
 Candidate evaluate(const StepMemory& memory, const StepTimeModel& time, LayerPolicies policies) {
   Candidate c;
-  const MemoryEstimate e = memory.estimate_max(policies);
+  const MemoryEstimate e = memory.estimate_max(policies, &c.host);
   c.peak = e.total;
   c.worst = e.rank;
   c.seconds = time.predict(policies).total();
@@ -149,6 +152,20 @@ StepTime predict_step_time(const Config& config, const ShardPlan& plan, const La
   return StepTimeModel(config, plan, device).predict(policies);
 }
 
+uint64_t host_memory_budget(const Config& config, int world, uint64_t node_bytes) {
+  if (config.parallel.host_memory > 0) return config.parallel.host_memory;
+  world = std::max(world, 1);
+  const int nodes = std::max(config.slurm.nodes, 1);
+  const int per_node = config.parallel.backend == Backend::CUDA ? std::clamp(config.parallel.devices_per_node, 1, world)
+                                                                 : (world + nodes - 1) / nodes;
+  const uint64_t share = node_bytes / uint64_t(per_node);
+  return share - share / 8;
+}
+
+uint64_t host_memory_budget(const Config& config, int world) {
+  return host_memory_budget(config, world, physical_memory_bytes());
+}
+
 LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   const ModelSpec& m = plan.model;
   if (config.parallel.activations != ActivationPolicy::Auto)
@@ -156,13 +173,14 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   const StepMemory memory(config, plan);
   const StepTimeModel time(config, plan, cost_model_for(config));
   const uint64_t budget = config.parallel.device_memory;
+  const uint64_t host_budget = host_memory_budget(config, plan.world());
   Candidate best = evaluate(memory, time, uniform_policies(plan, ActivationPolicy::Keep));
   if (best.peak <= budget) return best.policies;
   if (memory.lower_bound() > budget) {
     // Nothing can fit: the plan reports the closest of the plain choices.
     for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
       Candidate c = evaluate(memory, time, uniform_policies(plan, p));
-      if (c.peak < best.peak) best = std::move(c);
+      if (c.peak < best.peak && c.host <= host_budget) best = std::move(c);
     }
     return best.policies;
   }
@@ -179,7 +197,7 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
         // A change that does not lower the busiest shard cannot lower the maximum.
         if (memory.estimate(best.worst, trial).total >= best.peak) continue;
         Candidate c = evaluate(memory, time, std::move(trial));
-        if (c.peak >= best.peak) continue;
+        if (c.peak >= best.peak || c.host > host_budget) continue;
         const double score = double(best.peak - c.peak) / std::max(c.seconds - best.seconds, 1e-9);
         if (!next || score > next_score) {
           next_score = score;
@@ -195,6 +213,7 @@ LayerPolicies activation_policies(const Config& config, const ShardPlan& plan) {
   // Of what fits, the fastest; when nothing fits, the smallest peak.
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute}) {
     Candidate c = evaluate(memory, time, uniform_policies(plan, p));
+    if (c.host > host_budget) continue;
     const bool fits = c.peak <= budget, best_fits = best.peak <= budget;
     if ((fits && (!best_fits || c.seconds < best.seconds)) || (!fits && !best_fits && c.peak < best.peak))
       best = std::move(c);

@@ -45,9 +45,17 @@ struct StepTime {
 StepTime predict_step_time(const Config& config, const ShardPlan& plan, const LayerPolicies& policies,
                            const DeviceCostModel& device);
 
+// parallel.host_memory for each of a job's `world` ranks: as set, or for auto this
+// machine's memory shared among the ranks of one node (a CUDA job's devices_per_node; a
+// CPU job's world over slurm.nodes), less an eighth for the rest of the processes.
+uint64_t host_memory_budget(const Config& config, int world);
+// The same for nodes of `node_bytes` (submit: the partition's smallest node).
+uint64_t host_memory_budget(const Config& config, int world, uint64_t node_bytes);
+
 // The policies the worker runs with: `parallel.activations` keep/offload/recompute applies
-// to every layer that can take it; auto chooses as described above (when nothing fits,
-// the choice with the smallest peak: the plan then says it does not fit).
+// to every layer that can take it; auto chooses as described above, offloading no more than
+// host_memory_budget holds on any rank (when nothing fits, the choice with the smallest
+// peak: the plan then says it does not fit).
 LayerPolicies activation_policies(const Config& config, const ShardPlan& plan);
 
 }  // namespace ht

@@ -209,6 +209,10 @@ struct ParallelConfig {
   bool grid_auto = false;
   int grid_rows = 1, grid_cols = 1;
   uint64_t device_memory = 11441ull << 20;
+  // Host memory per rank (SPEC section 12), the bound of the offload pool; 0 (auto): the
+  // node's memory shared among its ranks, less an eighth (plan.hpp host_memory_budget). A
+  // plan input: `submit` resolves auto for its ranks from the partition's nodes.
+  uint64_t host_memory = 0;
   int devices_per_node = 2;
   ActivationPolicy activations = ActivationPolicy::Auto;
   // CPU threads per rank; 0 (auto): this machine's usable CPUs split among its ranks

@@ -226,6 +226,9 @@ std::string to_yaml(const Config& c) {
   if (p.grid_auto) out << "auto";
   else out << YAML::Flow << YAML::BeginSeq << p.grid_rows << p.grid_cols << YAML::EndSeq;
   out << YAML::Key << "device_memory" << YAML::Value << exact_size(p.device_memory);
+  out << YAML::Key << "host_memory" << YAML::Value;
+  if (p.host_memory == 0) out << "auto";
+  else out << exact_size(p.host_memory);
   out << YAML::Key << "devices_per_node" << YAML::Value << p.devices_per_node;
   out << YAML::Key << "activations" << YAML::Value << to_string(p.activations);
   out << YAML::Key << "threads" << YAML::Value;

@@ -248,7 +248,8 @@ void read_training(const MapReader& root, TrainingConfig& t) {
 
 void read_parallel(const MapReader& root, ParallelConfig& p) {
   MapReader r(root["parallel"],
-              {"backend", "grid", "device_memory", "devices_per_node", "activations", "threads", "cpu_isa", "fuse"});
+              {"backend", "grid", "device_memory", "host_memory", "devices_per_node", "activations", "threads",
+               "cpu_isa", "fuse"});
   p.backend = r.get_choice("backend", Backend::CPU, {"cpu", "cuda"}, {Backend::CPU, Backend::CUDA});
   if (Item g = r["grid"]; g.present) {
     const char* what = "[rows, cols] (integers >= 1) or auto";
@@ -263,15 +264,24 @@ void read_parallel(const MapReader& root, ParallelConfig& p) {
                            p.grid_cols, kIntMax));
     }
   }
-  if (Item m = r["device_memory"]; m.present) {
-    const char* what = "a size such as 11441MiB, 2GB or a number of bytes (units B, KiB, MiB, GiB, KB, MB, GB)";
-    if (!m.node.IsScalar()) m.expected(what);
+  const char* size_text = "a size such as 11441MiB, 2GB or a number of bytes (units B, KiB, MiB, GiB, KB, MB, GB)";
+  auto read_size = [&](const Item& m, const std::string& text) {
+    uint64_t bytes = 0;
     try {
-      p.device_memory = parse_size(m.node.Scalar());
+      bytes = parse_size(text);
     } catch (const std::invalid_argument& e) {
-      m.fail(fmt::format("{}: expected {}, found {} ({})", m.path, what, cfg::describe(m.node), e.what()));
+      m.fail(fmt::format("{}: expected {}, found {} ({})", m.path, size_text, cfg::describe(m.node), e.what()));
     }
-    if (p.device_memory == 0) m.expected("a size > 0");
+    if (bytes == 0) m.expected("a size > 0");
+    return bytes;
+  };
+  if (Item m = r["device_memory"]; m.present) {
+    if (!m.node.IsScalar()) m.expected(size_text);
+    p.device_memory = read_size(m, m.node.Scalar());
+  }
+  if (Item m = r["host_memory"]; m.present) {
+    if (!m.node.IsScalar()) m.expected(std::string("auto or ") + size_text);
+    p.host_memory = m.node.Scalar() == "auto" ? 0 : read_size(m, m.node.Scalar());
   }
   p.devices_per_node = int(r.get_int("devices_per_node", p.devices_per_node, 1, kIntMax));
   if (Item t = r["threads"]; t.present) {

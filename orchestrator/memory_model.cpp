@@ -152,10 +152,12 @@ uint64_t StepMemory::lower_bound() const {
   return bound;
 }
 
-MemoryEstimate StepMemory::estimate_max(const LayerPolicies& policies) const {
+MemoryEstimate StepMemory::estimate_max(const LayerPolicies& policies, uint64_t* host_max) const {
   MemoryEstimate best = estimate(0, policies);
+  if (host_max) *host_max = best.host_offload;
   for (int r = 1; r < int(ranks_.size()); ++r) {
     MemoryEstimate e = estimate(r, policies);
+    if (host_max) *host_max = std::max(*host_max, e.host_offload);
     if (e.total > best.total) best = e;
   }
   return best;

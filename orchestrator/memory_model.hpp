@@ -100,7 +100,8 @@ class StepMemory {
   ~StepMemory();
   int shards() const { return int(ranks_.size()); }
   MemoryEstimate estimate(int shard, const LayerPolicies& policies) const;  // shard of group 0
-  MemoryEstimate estimate_max(const LayerPolicies& policies) const;         // the busiest shard
+  // The busiest shard; with host_max, also the largest host pool of any shard.
+  MemoryEstimate estimate_max(const LayerPolicies& policies, uint64_t* host_max = nullptr) const;
   // No policy brings the busiest shard below this: when layer l >= 1 makes its input
   // gradient, its input and output are on the device with both gradients (one, where the
   // input gradient takes the output gradient's memory), beside the weights, the image tile

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "orchestrator/files.hpp"
 #include "orchestrator/layer_kind.hpp"
 #include "orchestrator/step_schedule.hpp"
 
@@ -137,6 +138,24 @@ std::string fit_verdict(const Config& config, const ShardPlan& plan, const Memor
   return msg + fmt::format("no grid up to {} shards fits", kMaxAutoShards);
 }
 
+// The host pool of offloaded activations against parallel.host_memory, on every rank.
+std::string host_verdict(const Config& config, const Plan& p) {
+  const auto most = std::max_element(p.ranks.begin(), p.ranks.end(), [](const MemoryEstimate& a, const MemoryEstimate& b) {
+    return a.host_offload < b.host_offload;
+  });
+  if (most == p.ranks.end() || most->host_offload <= p.host_memory) return "";
+  return fmt::format(
+      "{}: rank {}'s offloaded activations need {} of host memory but parallel.host_memory is {}{}; set "
+      "parallel.host_memory to at least {} where the nodes have it, or parallel.activations: auto or recompute",
+      config.source_path.empty() ? "config" : config.source_path, most->rank, format_size(most->host_offload),
+      format_size(p.host_memory),
+      config.parallel.host_memory ? ""
+                                  : fmt::format(" (auto: this machine's {} shared by the ranks of a node, less an "
+                                                "eighth)",
+                                                format_size(physical_memory_bytes())),
+      format_size(most->host_offload));
+}
+
 }  // namespace
 
 std::optional<GridShape> smallest_fitting_grid(const Config& config, const ModelSpec& model, int groups,
@@ -186,7 +205,9 @@ Plan make_plan(const Config& config, ShardPlan shards) {
   p.busiest = *std::max_element(p.ranks.begin(), p.ranks.end(),
                                 [](const MemoryEstimate& a, const MemoryEstimate& b) { return a.total < b.total; });
   p.step_time = predict_step_time(config, p.shards, p.policies, cost_model_for(config));
+  p.host_memory = host_memory_budget(config, p.shards.world());
   p.verdict = fit_verdict(config, p.shards, p.busiest);
+  if (p.verdict.empty()) p.verdict = host_verdict(config, p);
   return p;
 }
 

@@ -40,9 +40,11 @@ struct Plan {
   std::vector<MemoryEstimate> ranks;  // every rank's predicted peak (groups repeat group 0)
   MemoryEstimate busiest;         // the rank with the largest one
   StepTime step_time;             // the busiest rank's, on cost_model_for(config)
-  // "" when every rank fits parallel.device_memory; otherwise one message naming the need
-  // against the budget, an accumulate that would fit on this grid, and the smallest grid
-  // that fits (or that none up to kMaxAutoShards shards does).
+  uint64_t host_memory = 0;       // host_memory_budget: what each rank's host pool may hold
+  // "" when every rank fits parallel.device_memory and parallel.host_memory; otherwise one
+  // message naming the need against the budget: for the device, an accumulate that would
+  // fit on this grid, and the smallest grid that fits (or that none up to kMaxAutoShards
+  // shards does).
   std::string verdict;
   WholeDecodes decodes;  // filled by those that read the data's headers: the CLI, the launcher
   const ModelSpec& model() const { return shards.model; }

@@ -156,8 +156,9 @@ std::string memory_table_text(const Config& config, const Plan& job) {
   std::string s;
   auto line = [&s](const std::string& t) { s += t + "\n"; };
   line(fmt::format("peak memory per device, by what it holds at that moment (budget "
-                   "parallel.device_memory = {}):",
-                   format_size(budget)));
+                   "parallel.device_memory = {}; the host pool's, parallel.host_memory = {}{}):",
+                   format_size(budget), format_size(job.host_memory),
+                   config.parallel.host_memory ? "" : " (auto)"));
   line(fmt::format("  {:>5} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:<12} {}",
                    "rank", "dev", "params", "grads", "optimizer", "input", "activations", "transient", "halo",
                    "workspace", "PEAK", "verdict", "host pool"));
@@ -166,7 +167,8 @@ std::string memory_table_text(const Config& config, const Plan& job) {
                      e.rank, local_device_of(config, e.rank), format_size(e.params), format_size(e.grads),
                      format_size(e.optimizer), format_size(e.input), format_size(e.activations),
                      format_size(e.transient), format_size(e.halo), format_size(e.workspace),
-                     format_size(e.total), e.total <= budget ? "FITS" : "DOES NOT FIT",
+                     format_size(e.total),
+                     e.total <= budget && e.host_offload <= job.host_memory ? "FITS" : "DOES NOT FIT",
                      format_size(e.host_offload)));
   if (const WholeDecodes& d = job.decodes; d.rows > 0) {
     if (d.images == 0)
@@ -299,7 +301,7 @@ std::string render_plan_json(const Config& config, const Plan& job) {
   s += fmt::format("  \"batch_size\": {},\n  \"local_batch\": {},\n  \"backend\": {},\n",
                    config.training.batch_size, job.local_batch,
                    json_string(to_string(config.parallel.backend)));
-  s += fmt::format("  \"device_memory\": {},\n", budget);
+  s += fmt::format("  \"device_memory\": {},\n  \"host_memory\": {},\n", budget, job.host_memory);
 
   if (job.decodes.rows > 0)
     s += fmt::format("  \"data_files\": {{\"images\": {}, \"decoded_whole\": {}, \"whole_decode_bytes_per_rank\": {}}},\n",
@@ -320,7 +322,7 @@ std::string render_plan_json(const Config& config, const Plan& job) {
         r, node_of(config, r), local_device_of(config, r), plan.group_of(r), plan.grid_row_of(r),
         plan.grid_col_of(r), t.rows.lo, t.rows.hi, t.cols.lo, t.cols.hi, e.params, e.grads, e.optimizer,
         e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total, e.host_offload,
-        e.total <= budget ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
+        e.total <= budget && e.host_offload <= job.host_memory ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
   }
   s += "  ],\n";
 

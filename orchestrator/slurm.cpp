@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <numeric>
 #include <sstream>
@@ -221,6 +223,23 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
   write_sbatch_options(o, config, options, run_dir);
   write_launch(o, config, config_path_abs, options, run_dir);
   return o.str();
+}
+
+std::optional<uint64_t> smallest_node_memory(const std::string& sinfo_out) {
+  std::optional<uint64_t> least;
+  std::istringstream lines(sinfo_out);
+  for (std::string line; std::getline(lines, line);) {
+    size_t i = 0;
+    while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+    uint64_t mb = 0;
+    size_t digits = 0;
+    for (; i < line.size() && std::isdigit(static_cast<unsigned char>(line[i])) && digits < 12; ++i, ++digits)
+      mb = mb * 10 + uint64_t(line[i] - '0');
+    if (digits == 0 || mb == 0) continue;  // a header, or a node whose memory Slurm does not know
+    const uint64_t bytes = mb << 20;
+    if (!least || bytes < *least) least = bytes;
+  }
+  return least;
 }
 
 }  // namespace ht

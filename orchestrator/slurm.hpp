@@ -13,6 +13,7 @@
 //   under recycle.mode restart, it launches them again (they resume), otherwise it exits 3.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ std::string render_sbatch(const Config& config, const ShardPlan& plan, const std
 // The launcher to use given what `srun --mpi=list` printed ("" when srun is missing or
 // failed): `srun --mpi=pmix` when PMIx is listed or nothing is known, else `mpirun`.
 std::string choose_launcher(const std::string& srun_mpi_list);
+
+// The memory of the partition's smallest node, in bytes, from `sinfo -h -N -o %m` (one
+// line of megabytes per node, "+" after a lower bound); nullopt when it names none.
+std::optional<uint64_t> smallest_node_memory(const std::string& sinfo_out);
 
 // Absolute run_dir (relative ones resolve against `workdir`), and the script's path in it.
 std::string absolute_run_dir(const Config& config, const std::string& workdir);

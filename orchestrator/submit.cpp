@@ -53,11 +53,19 @@ int run_submit(const SubmitCommand& command, std::ostream& out, std::ostream& er
   const bool cpu_whole_nodes = given.parallel.backend == Backend::CPU && resolved.cpus_per_task == 0;
   if (threads == 0 && !cpu_whole_nodes)
     sets.push_back(fmt::format("parallel.threads={}", std::max(resolved.cpus_per_task, 1)));
+  // parallel.host_memory bounds the offload pool, so it is a plan input too: auto resolves
+  // here from the partition's smallest node and the ranks are told. Without sinfo's answer
+  // each node resolves it for itself (the same on identical nodes).
+  const int ranks = given.slurm.nodes * given.parallel.devices_per_node;
+  if (given.parallel.host_memory == 0 && find_on_path("sinfo")) {
+    const CommandResult r = run_command({"sinfo", "-h", "-N", "-p", given.slurm.partition, "-o", "%m"}, 20);
+    if (const auto node = r.started && r.exit_code == 0 ? smallest_node_memory(r.out) : std::nullopt)
+      sets.push_back(fmt::format("parallel.host_memory={}", host_memory_budget(given, ranks, *node)));
+  }
   const Config config = load_config(command.config_path, sets);
   const ModelSpec model = build_model_spec(config);
   const GridShape grid = plan_grid(config, model);
   check_allocation(config, grid);
-  const int ranks = config.slurm.nodes * config.parallel.devices_per_node;
   const Plan job = make_plan(config, make_shard_plan(model, grid, ranks));
   const ShardPlan& plan = job.shards;
   // Queue time is too dear to spend on a job that cannot fit its devices.

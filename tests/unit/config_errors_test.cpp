@@ -140,6 +140,10 @@ TEST(ConfigErrors, BadSizeUnit) {
   EXPECT_CONTAINS(e, "found '12XB' (unknown unit 'XB'");
   EXPECT_CONTAINS(error_of(std::string(kMinimal) + "parallel: {device_memory: 0}\n"),
                   "parallel.device_memory: expected a size > 0, found '0'");
+  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "parallel:\n  host_memory: lots\n"),
+                  "cfg.yaml:12: parallel.host_memory: expected a size such as 11441MiB, 2GB");
+  EXPECT_CONTAINS(error_of(std::string(kMinimal) + "parallel: {host_memory: [1]}\n"),
+                  "parallel.host_memory: expected auto or a size such as");
 }
 
 TEST(ConfigErrors, BadSlurmTimeAndSignal) {

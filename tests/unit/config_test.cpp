@@ -232,6 +232,17 @@ TEST(ConfigOverrides, ApplyBeforeValidation) {
   EXPECT_EQ(parse_config(kMinimal, "c", {"recycle.mode=restart"}).recycle.mode, RecycleMode::Restart);
 }
 
+TEST(Config, ParallelHostMemoryIsAutoOrASize) {
+  EXPECT_EQ(parse_config(kMinimal, "c").parallel.host_memory, 0u);
+  EXPECT_EQ(parse_config(kMinimal, "c", {"parallel.host_memory=auto"}).parallel.host_memory, 0u);
+  const Config set = parse_config(kMinimal, "c", {"parallel.host_memory=48GiB"});
+  EXPECT_EQ(set.parallel.host_memory, 48ull << 30);
+  EXPECT_EQ(parse_config(to_yaml(set), "again").parallel.host_memory, 48ull << 30);  // emitted and read back
+  EXPECT_EQ(parse_config(to_yaml(parse_config(kMinimal, "c")), "again").parallel.host_memory, 0u);
+  EXPECT_NE(error_of(kMinimal, {"parallel.host_memory=0"}).find("parallel.host_memory: expected a size > 0"),
+            std::string::npos);
+}
+
 TEST(Config, ParallelThreadsIsAutoOrACount) {
   EXPECT_EQ(parse_config(kMinimal, "c").parallel.threads, 0);
   EXPECT_EQ(parse_config(kMinimal, "c", {"parallel.threads=auto"}).parallel.threads, 0);

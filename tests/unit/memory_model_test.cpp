@@ -205,6 +205,49 @@ TEST(MemoryModel, OffloadAndRecomputeLowerThePeakAndAutoFitsATightBudget) {
   EXPECT_FALSE(plan_fits(c, p));
 }
 
+// parallel.host_memory bounds the host pool: auto offloads no more than it holds on any
+// rank, and a plan whose pool passes it is refused naming the amount needed.
+TEST(MemoryModel, HostMemoryBoundsTheOffloadPool) {
+  Config c = classifier();
+  c.parallel.backend = Backend::CUDA;  // the K80's overlapped copies: auto likes offload
+  c.model.layers.insert(c.model.layers.begin(), {conv(8), layer("batch_norm"), layer("relu")});
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  const MemoryEstimate keep = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Keep));
+  const MemoryEstimate rec = estimate_memory_max(c, p, uniform_policies(m, ActivationPolicy::Recompute));
+  c.parallel.device_memory = (keep.total + rec.total) / 2;
+  c.parallel.host_memory = 1ull << 40;
+  uint64_t host = 0;
+  StepMemory(c, p).estimate_max(activation_policies(c, p), &host);
+  ASSERT_GT(host, 0u) << "the test wants a plan that offloads when the host holds it";
+  c.parallel.host_memory = host - 1;
+  const LayerPolicies bounded = activation_policies(c, p);
+  uint64_t bounded_host = 0;
+  EXPECT_LE(StepMemory(c, p).estimate_max(bounded, &bounded_host).total, c.parallel.device_memory);
+  EXPECT_LE(bounded_host, c.parallel.host_memory);
+  EXPECT_TRUE(make_plan(c, p).fits());
+
+  c.parallel.activations = ActivationPolicy::Offload;
+  c.parallel.device_memory = keep.total;
+  c.parallel.host_memory = 1024;
+  const Plan refused = make_plan(c, p);
+  EXPECT_FALSE(refused.fits());
+  EXPECT_NE(refused.verdict.find("parallel.host_memory is 1.00 KiB"), std::string::npos) << refused.verdict;
+  uint64_t need = 0;
+  StepMemory(c, p).estimate_max(refused.policies, &need);
+  EXPECT_NE(refused.verdict.find("need " + format_size(need) + " of host memory"), std::string::npos)
+      << refused.verdict;
+
+  // auto: the node's memory shared among its ranks, less an eighth.
+  c.parallel.host_memory = 0;
+  EXPECT_EQ(host_memory_budget(c, 8, 64ull << 30), 28ull << 30);  // 2 dies a node
+  c.parallel.backend = Backend::CPU;
+  c.slurm.nodes = 2;
+  EXPECT_EQ(host_memory_budget(c, 8, 64ull << 30), 14ull << 30);  // 4 ranks a node
+  c.parallel.host_memory = 5;
+  EXPECT_EQ(host_memory_budget(c, 8, 64ull << 30), 5u);
+}
+
 TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
   Config c = classifier();
   c.parallel.backend = Backend::CUDA;

@@ -253,6 +253,14 @@ TEST(SlurmLauncher, PmixWhenListedOrUnknown) {
   EXPECT_EQ(choose_launcher("MPI plugin types are...\n\tnone\n\tpmi2\n"), "mpirun");
 }
 
+// submit resolves parallel.host_memory: auto from `sinfo -h -N -o %m`: the smallest node.
+TEST(SlurmNodeMemory, SmallestNodeOfThePartition) {
+  EXPECT_EQ(smallest_node_memory("257000\n128000+\n257000\n"), std::optional<uint64_t>(128000ull << 20));
+  EXPECT_EQ(smallest_node_memory("  64000\n"), std::optional<uint64_t>(64000ull << 20));
+  EXPECT_EQ(smallest_node_memory(""), std::nullopt);
+  EXPECT_EQ(smallest_node_memory("0\nMEMORY\n"), std::nullopt);  // unknown to Slurm, or a header
+}
+
 // A ConfigError whose message contains every part.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
