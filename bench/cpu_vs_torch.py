@@ -182,6 +182,15 @@ def mib(b):
     return f"{b / 2**20:.1f} MiB"
 
 
+def report(lines, out):
+    """Prints a benchmark's markdown and writes it to `out` (when given)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         a = sys.argv[2:]
@@ -256,12 +265,8 @@ def main():
         lines.append(f"| {grid[0]}x{grid[1]} | {P} | {mib(r['peak'])} | {ratio:.3f} | {goal:.3f} "
                      f"{'ok' if ratio <= goal else 'MISSED'} | {mib(r['rss'])} | {r['median']:.3f} s |")
     lines += ["", f"Bench wall time {time.time() - started:.0f} s."]
-    text = "\n".join(lines) + "\n"
-    print(text)
+    report(lines, args.out)
     print(f"ratios: grid1x1/torch {ra:.3f}  grid2x1/torch {rb:.3f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
     sys.exit(0 if ok else 1)
 
 

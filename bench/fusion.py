@@ -21,11 +21,15 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cpu_vs_torch import machine, mib  # noqa: E402
+from cpu_vs_torch import machine, mib, report  # noqa: E402
 from speed import data_file, run_halotrain  # noqa: E402
 
 STEPS = 12
 CASES = [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv_bn", 768, 768, 2)]
+
+
+def times(xs):
+    return " ".join(f"{x:.3f}" for x in xs)
 
 
 def main():
@@ -53,18 +57,11 @@ def main():
                 runs.append(r)
             print(f"{model} pair {i + 1}: {fused[-1]['median']:.3f} / {apart[-1]['median']:.3f} s", flush=True)
         ratios = [a["median"] / b["median"] for a, b in zip(fused, apart)]
-        def times(xs):
-            return " ".join(f"{x:.3f}" for x in xs)
-
         lines.append(f"| {model} | {h}x{w}, {batch} | {times(r['median'] for r in fused)} | "
                      f"{times(r['median'] for r in apart)} | {times(ratios)} | {statistics.median(ratios):.2f} | "
                      f"{mib(fused[0]['tracked'])} / {mib(apart[0]['tracked'])} |")
     lines += ["", f"predicted == measured peak on every run: {'yes' if exact else 'NO'}"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report(lines, args.out)
     sys.exit(0 if exact else 1)
 
 

@@ -41,7 +41,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from cpu_vs_torch import WARM_HEAP, machine, make_data, mib, write_config  # noqa: E402
+from cpu_vs_torch import WARM_HEAP, machine, make_data, mib, report, write_config  # noqa: E402
 from models import MODELS, conv_shapes, torch_sequential, train_flops  # noqa: E402
 
 WARMUP, TIMED = 2, 6
@@ -305,11 +305,7 @@ def main():
               "| run | tracked peak (all shards) | predicted == measured | process peak RSS | RSS / tracked | "
               "goal: <= 1.25 x tracked + 256 MiB |", "|---|---|---|---|---|---|"] + memory_rows
     lines += ["", f"Bench wall time {time.time() - started:.0f} s."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    report(lines, args.out)
     sys.exit(0 if ok else 1)
 
 
