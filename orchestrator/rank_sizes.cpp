@@ -81,12 +81,13 @@ bool pools_own_shards(const ShardPlan& plan, int pool) {
 
 int chain_in_model(const Config& config, const ModelSpec& m, int head) {
   const int relu = head + 1;
-  if (config.parallel.backend != Backend::CPU || !config.parallel.fuse || relu >= int(m.layers.size())) return -1;
+  if (!config.parallel.fuse || relu >= int(m.layers.size())) return -1;
   const LayerSpec& bn = m.layers[size_t(head)];
   if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 ||
       m.layers[size_t(relu)].config.type() != "relu" || m.readers[size_t(relu)] != std::vector<int>{relu})
     return -1;
-  const int pool = pool_in_model(m, head);
+  // The pooled chain's kernels are the CPU backend's.
+  const int pool = config.parallel.backend == Backend::CPU ? pool_in_model(m, head) : -1;
   return pool >= 0 ? pool : relu;
 }
 

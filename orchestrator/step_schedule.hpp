@@ -93,7 +93,8 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // Pointwise fusion, a property of the schedule (the layers stay separate descriptions): a
 // batch norm on a feature map read only by a ReLU runs with it as one chain, and with a
 // max pool too when the ReLU is read only by one whose windows tile its input on every
-// rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp). The batch
+// rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp: on the CPU
+// backend only; another runs the batch norm's and the ReLU's kernels in place). The batch
 // norm's Forward gathers its statistics and writes only the chain's output (the ReLU's, or
 // the pool's and one argmax byte per window); the batch norm's output, and in a pooled
 // chain the ReLU's, are never made, so their policies have nothing to act on. The other
@@ -108,8 +109,8 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // same bits.
 //
 // fusable_chain: the chain's last layer when layer `head` may head one in a training step
-// of this plan (the CPU backend, which has the fused kernels; the plan's shapes and halos:
-// a pool that crosses the shards' borders stays apart), else -1; chain_in_model: the same
+// of this plan (its backend, shapes and halos: a pool that crosses the shards' borders
+// stays apart), else -1; chain_in_model: the same
 // from the model's shapes alone (no halos), for bounds that hold on every grid.
 // fused_chains: per layer, the head of the fusable chain it is part of
 // (LayerSizes::chain_tail), else -1. Where no gradient reaches a chain (a frozen stem) its

@@ -52,18 +52,26 @@ class CliTest : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(CliTest, SeedCaseOnOneDieFitsOnlyOutOfCore) {
+// On one K80 die the seed case fits keeping everything once each batch norm and its ReLU
+// run as one chain (the normalised tensors are never made); with the layers apart only out
+// of core.
+TEST_F(CliTest, SeedCaseOnOneDieFitsFusedOrOutOfCore) {
   const std::string seed = std::string(HALOTRAIN_SOURCE_DIR) + "/configs/seed-k80.yaml";
-  const Result keep = run("plan " + seed + " --set parallel.grid=[1,1] --set parallel.activations=keep");
+  const std::string apart = " --set parallel.grid=[1,1] --set parallel.fuse=false";
+  const Result keep = run("plan " + seed + apart + " --set parallel.activations=keep");
   EXPECT_EQ(keep.code, 1) << keep.output;
   EXPECT_NE(keep.output.find("does not fit"), std::string::npos) << keep.output;
   EXPECT_NE(keep.output.find("smallest grid that fits: [2, 1]"), std::string::npos) << keep.output;
-  const Result one_die = run("plan " + seed + " --set parallel.grid=[1,1]");
-  EXPECT_EQ(one_die.code, 0) << one_die.output;
-  EXPECT_EQ(one_die.output.find("keep       all"), std::string::npos) << one_die.output;
-  EXPECT_TRUE(one_die.output.find("offload    conv2d") != std::string::npos ||
-              one_die.output.find("recompute  conv2d") != std::string::npos)
-      << one_die.output;
+  const Result out_of_core = run("plan " + seed + apart);
+  EXPECT_EQ(out_of_core.code, 0) << out_of_core.output;
+  EXPECT_EQ(out_of_core.output.find("keep       all"), std::string::npos) << out_of_core.output;
+  EXPECT_TRUE(out_of_core.output.find("offload    conv2d") != std::string::npos ||
+              out_of_core.output.find("recompute  conv2d") != std::string::npos)
+      << out_of_core.output;
+  const Result fused = run("plan " + seed + " --set parallel.grid=[1,1]");
+  EXPECT_EQ(fused.code, 0) << fused.output;
+  EXPECT_NE(fused.output.find("keep       all 24 layers"), std::string::npos) << fused.output;
+  EXPECT_NE(fused.output.find("fused      batch_normalization_1 + activation_1,"), std::string::npos) << fused.output;
   const Result two_dies = run("plan " + seed);
   EXPECT_EQ(two_dies.code, 0) << two_dies.output;
   EXPECT_NE(two_dies.output.find("keep       all 24 layers"), std::string::npos) << two_dies.output;
@@ -77,10 +85,13 @@ TEST_F(CliTest, ResnetMammoFitsTheTwoDiesOfOneK80) {
   EXPECT_NE(r.output.find("grid [2, 1]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("FITS: peak"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("of 11.17 GiB per device"), std::string::npos) << r.output;
-  // Everything kept does not fit: the plan's policies are what makes it fit.
-  const Result keep = run("plan " + cfg + " --set parallel.activations=keep");
+  // Everything kept fits with its batch norm + ReLU chains fused; with the layers apart
+  // only under the plan's policies.
+  EXPECT_NE(run("plan " + cfg + " --set parallel.activations=keep").output.find("FITS: peak"), std::string::npos);
+  const Result keep = run("plan " + cfg + " --set parallel.activations=keep --set parallel.fuse=false");
   EXPECT_EQ(keep.code, 1) << keep.output;
   EXPECT_NE(keep.output.find("does not fit"), std::string::npos) << keep.output;
+  EXPECT_EQ(run("plan " + cfg + " --set parallel.fuse=false").code, 0);
 }
 
 TEST_F(CliTest, DatasetShapeThatIsNotTheModelInputNamesBoth) {

@@ -291,6 +291,46 @@ TEST_F(CudaBackendTest, BatchNormPiecesMatchReference) {
   expect_close(host(dx, count), rdx, 1e-5, 1e-5, "bn_backward_apply");
 }
 
+// The batch norm + ReLU chain (the base class's: the two layers' kernels in place) against
+// the CPU's in double: the ReLU's output, then the sums and the input gradient written
+// over the output gradient.
+TEST_F(CudaBackendTest, BatchNormReluChainMatchesReference) {
+  const int n = 2, c = 3;
+  const long hw = 97 * 131;
+  const size_t count = size_t(n) * c * hw;
+  const Vec x = random_vec(count, 90, -2.f, 2.f), dy = random_vec(count, 91);
+  const Vec gamma = random_vec(c, 92, 0.5f, 1.5f), beta = random_vec(c, 93);
+  const DVec xd = to_double(x), dyd = to_double(dy), gd = to_double(gamma), bd = to_double(beta);
+  const DVec mean = {0.1, -0.2, 0.05}, invstd = {0.9, 1.1, 1.3};
+  float *dxv = dev(x), *dg = dev(gamma), *dbeta = dev(beta);
+
+  DVec ry(count);
+  cpu::bn_relu_forward(n, c, hw, xd.data(), mean.data(), invstd.data(), gd.data(), bd.data(), ry.data());
+  float* y = dev_zero(count);
+  gpu_->bn_relu_forward(n, c, hw, dxv, mean.data(), invstd.data(), dg, dbeta, y);
+  const Vec yv = host(y, count);
+  expect_close(yv, ry, 1e-5, 1e-5, "bn_relu_forward");
+
+  // The reference reads the GPU's ReLU output for its mask: a value at 0 either side of
+  // rounding would otherwise pick another pixel's gradient.
+  const DVec yd = to_double(yv);
+  DVec rsdy(c, 0.0), rsdx(c, 0.0), sdy(c, -1.0), sdx(c, -1.0);
+  cpu::bn_relu_backward_sums(n, c, hw, dyd.data(), yd.data(), xd.data(), mean.data(), invstd.data(), rsdy.data(),
+                             rsdx.data());
+  float* ddy = dev(dy);
+  gpu_->bn_relu_backward_sums(n, c, hw, ddy, y, dxv, mean.data(), invstd.data(), sdy.data(), sdx.data());
+  expect_close(sdy, rsdy, 1e-6, 1e-11, "bn_relu_backward_sums sum_dy");
+  expect_close(sdx, rsdx, 1e-6, 1e-11, "bn_relu_backward_sums sum_dy_xhat");
+
+  DVec rdx(count);
+  const double total = double(n * hw);
+  cpu::bn_relu_backward_apply(n, c, hw, dyd.data(), yd.data(), xd.data(), mean.data(), invstd.data(), gd.data(),
+                              rsdy.data(), rsdx.data(), total, rdx.data());
+  gpu_->bn_relu_backward_apply(n, c, hw, ddy, y, dxv, mean.data(), invstd.data(), dg, rsdy.data(), rsdx.data(),
+                               total, ddy);
+  expect_close(host(ddy, count), rdx, 1e-5, 1e-5, "bn_relu_backward_apply over dy");
+}
+
 TEST_F(CudaBackendTest, DropoutMatchesReference) {
   const int n = 2, c = 3, h = 37, w = 41;
   const Vec x = random_vec(size_t(n) * c * h * w, 8);

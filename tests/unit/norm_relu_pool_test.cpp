@@ -13,6 +13,7 @@
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/norm_relu_pool.hpp"
 #include "kernels/cpu/pool.hpp"
+#include "worker/runtime/backend.hpp"
 
 namespace ht::cpu {
 namespace {
@@ -281,6 +282,55 @@ TEST(NormReluCpu, BackwardIsReluThenBatchNormToTheBit) {
     bn_relu_backward_apply<float>(k.s.n, k.s.c, hw, over.data(), y.data(), c.x.data(), c.mean.data(),
                                   c.invstd.data(), c.gamma.data(), fd.data(), fdx.data(), count, over.data());
     expect_same_bits(over, expected, "input gradient over the output gradient");
+  }
+}
+
+// The backends without one-pass kernels (CUDA) run the chain as the base class does: the
+// batch norm's and the ReLU's kernels in place. Called on the CPU backend, that path gives
+// the CPU's fused kernels' bits, a frozen batch norm's input gradient (no sums) included.
+TEST(NormReluCpu, BaseClassChainIsTheFusedKernelsToTheBit) {
+  const auto backend = make_backend({});
+  ComputeBackend& b = *backend;
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(testing::Message() << k.s.n << "x" << k.s.c << "x" << k.s.h << "x" << k.s.w);
+    const Chain<float> c(k, 29);
+    const size_t size = c.x.size();
+    const int64_t hw = c.hw();
+    const double count = double(k.s.n) * hw;
+    std::vector<float> fused(size), base(size, 1e3f);
+    b.bn_relu_forward(k.s.n, k.s.c, hw, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(), c.beta.data(),
+                      fused.data());
+    b.ComputeBackend::bn_relu_forward(k.s.n, k.s.c, hw, c.x.data(), c.mean.data(), c.invstd.data(), c.gamma.data(),
+                                      c.beta.data(), base.data());
+    expect_same_bits(base, fused, "forward");
+
+    std::mt19937 rng(31);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> dy(size);
+    for (float& v : dy) v = normal(rng);
+    std::vector<double> fs(size_t(k.s.c)), fsx(size_t(k.s.c)), bs(size_t(k.s.c)), bsx(size_t(k.s.c));
+    std::vector<float> fdy = dy, bdy = dy;
+    b.bn_relu_backward_sums(k.s.n, k.s.c, hw, fdy.data(), fused.data(), c.x.data(), c.mean.data(), c.invstd.data(),
+                            fs.data(), fsx.data());
+    b.ComputeBackend::bn_relu_backward_sums(k.s.n, k.s.c, hw, bdy.data(), fused.data(), c.x.data(), c.mean.data(),
+                                            c.invstd.data(), bs.data(), bsx.data());
+    EXPECT_EQ(bs, fs);
+    EXPECT_EQ(bsx, fsx);
+    b.bn_relu_backward_apply(k.s.n, k.s.c, hw, fdy.data(), fused.data(), c.x.data(), c.mean.data(), c.invstd.data(),
+                             c.gamma.data(), fs.data(), fsx.data(), count, fdy.data());
+    b.ComputeBackend::bn_relu_backward_apply(k.s.n, k.s.c, hw, bdy.data(), fused.data(), c.x.data(), c.mean.data(),
+                                             c.invstd.data(), c.gamma.data(), bs.data(), bsx.data(), count, bdy.data());
+    expect_same_bits(bdy, fdy, "input gradient");
+
+    // Frozen: no sums, the gradient of the unmasked dy straight to apply.
+    const std::vector<double> zero(size_t(k.s.c), 0.0);
+    fdy = dy, bdy = dy;
+    b.bn_relu_backward_apply(k.s.n, k.s.c, hw, fdy.data(), fused.data(), c.x.data(), c.mean.data(), c.invstd.data(),
+                             c.gamma.data(), zero.data(), zero.data(), 1.0, fdy.data());
+    b.ComputeBackend::bn_relu_backward_apply(k.s.n, k.s.c, hw, bdy.data(), fused.data(), c.x.data(), c.mean.data(),
+                                             c.invstd.data(), c.gamma.data(), zero.data(), zero.data(), 1.0,
+                                             bdy.data());
+    expect_same_bits(bdy, fdy, "frozen input gradient");
   }
 }
 

@@ -111,28 +111,27 @@ class ComputeBackend {
                                  const double* host_sum_dy_xhat, double count, float* dx) = 0;
 
   // Batch norm and ReLU as one fused chain (orchestrator/step_schedule.hpp fused_chains):
-  // y = relu(bn_forward_apply(x)) in one pass; the backward's sums (overwritten) and input
-  // gradient (dx may be dy) for the gradient relu_backward(y, dy) would pass down. The step
-  // schedule fuses on the CPU backend only; another backend throws std::logic_error.
+  // y = relu(bn_forward_apply(x)); the backward's sums (overwritten) and input gradient
+  // (dx may be dy) for the gradient relu_backward(y, dy) passes down. By default the
+  // kernels of the layers apart, in place (the sums and the input gradient may write that
+  // gradient over dy); the CPU backend has one-pass kernels with the same bits.
   virtual void bn_relu_forward(int n, int c, int64_t hw, const float* x, const double* host_mean,
                                const double* host_invstd, const float* gamma, const float* beta, float* y) {
-    (void)n, (void)c, (void)hw, (void)x, (void)host_mean, (void)host_invstd, (void)gamma, (void)beta, (void)y;
-    not_fused();
+    bn_forward_apply(n, c, hw, x, host_mean, host_invstd, gamma, beta, y);
+    relu_forward(size_t(n) * c * size_t(hw), y, y);
   }
-  virtual void bn_relu_backward_sums(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+  virtual void bn_relu_backward_sums(int n, int c, int64_t hw, float* dy, const float* y, const float* x,
                                      const double* host_mean, const double* host_invstd, double* host_sum_dy,
                                      double* host_sum_dy_xhat) {
-    (void)n, (void)c, (void)hw, (void)dy, (void)y, (void)x, (void)host_mean, (void)host_invstd, (void)host_sum_dy,
-        (void)host_sum_dy_xhat;
-    not_fused();
+    relu_backward(size_t(n) * c * size_t(hw), y, dy, dy);
+    bn_backward_sums(n, c, hw, dy, x, host_mean, host_invstd, host_sum_dy, host_sum_dy_xhat);
   }
-  virtual void bn_relu_backward_apply(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+  virtual void bn_relu_backward_apply(int n, int c, int64_t hw, float* dy, const float* y, const float* x,
                                       const double* host_mean, const double* host_invstd, const float* gamma,
                                       const double* host_sum_dy, const double* host_sum_dy_xhat, double count,
                                       float* dx) {
-    (void)n, (void)c, (void)hw, (void)dy, (void)y, (void)x, (void)host_mean, (void)host_invstd, (void)gamma,
-        (void)host_sum_dy, (void)host_sum_dy_xhat, (void)count, (void)dx;
-    not_fused();
+    relu_backward(size_t(n) * c * size_t(hw), y, dy, dy);  // again: a frozen batch norm takes no sums
+    bn_backward_apply(n, c, hw, dy, x, host_mean, host_invstd, gamma, host_sum_dy, host_sum_dy_xhat, count, dx);
   }
   // Batch norm, ReLU and a tiling max pool as one fused chain (kernels/geometry.hpp
   // NormPoolShape; orchestrator/step_schedule.hpp fused_chains): the forward writes the
@@ -242,7 +241,7 @@ class ComputeBackend {
 
  private:
   [[noreturn]] static void not_fused() {
-    throw std::logic_error("this backend has no fused batch norm + ReLU (+ max pool) (the step schedule fuses on CPU)");
+    throw std::logic_error("this backend has no fused batch norm + ReLU + max pool (the step schedule fuses it on CPU)");
   }
 };
 

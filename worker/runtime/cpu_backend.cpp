@@ -172,13 +172,13 @@ class CpuBackend : public ComputeBackend {
                        const float* gamma, const float* beta, float* y) override {
     cpu::bn_relu_forward(n, c, hw, x, mean, invstd, gamma, beta, y);
   }
-  void bn_relu_backward_sums(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+  void bn_relu_backward_sums(int n, int c, int64_t hw, float* dy, const float* y, const float* x,
                              const double* mean, const double* invstd, double* sum_dy, double* sum_dy_xhat) override {
     std::fill(sum_dy, sum_dy + c, 0.0);
     std::fill(sum_dy_xhat, sum_dy_xhat + c, 0.0);
     cpu::bn_relu_backward_sums(n, c, hw, dy, y, x, mean, invstd, sum_dy, sum_dy_xhat);
   }
-  void bn_relu_backward_apply(int n, int c, int64_t hw, const float* dy, const float* y, const float* x,
+  void bn_relu_backward_apply(int n, int c, int64_t hw, float* dy, const float* y, const float* x,
                               const double* mean, const double* invstd, const float* gamma, const double* sum_dy,
                               const double* sum_dy_xhat, double count, float* dx) override {
     cpu::bn_relu_backward_apply(n, c, hw, dy, y, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, count, dx);
