@@ -140,20 +140,21 @@ std::string fit_verdict(const Config& config, const ShardPlan& plan, const Memor
 
 // The host pool of offloaded activations against parallel.host_memory, on every rank.
 std::string host_verdict(const Config& config, const Plan& p) {
-  const auto most = std::max_element(p.ranks.begin(), p.ranks.end(), [](const MemoryEstimate& a, const MemoryEstimate& b) {
-    return a.host_offload < b.host_offload;
-  });
+  const auto most = std::max_element(p.ranks.begin(), p.ranks.end(),
+                                     [](const MemoryEstimate& a, const MemoryEstimate& b) {
+                                       return a.host_offload < b.host_offload;
+                                     });
   if (most == p.ranks.end() || most->host_offload <= p.host_memory) return "";
+  const std::string resolved =
+      config.parallel.host_memory
+          ? ""
+          : fmt::format(" (auto: this machine's {} shared by the ranks of a node, less an eighth)",
+                        format_size(physical_memory_bytes()));
   return fmt::format(
       "{}: rank {}'s offloaded activations need {} of host memory but parallel.host_memory is {}{}; set "
       "parallel.host_memory to at least {} where the nodes have it, or parallel.activations: auto or recompute",
       config.source_path.empty() ? "config" : config.source_path, most->rank, format_size(most->host_offload),
-      format_size(p.host_memory),
-      config.parallel.host_memory ? ""
-                                  : fmt::format(" (auto: this machine's {} shared by the ranks of a node, less an "
-                                                "eighth)",
-                                                format_size(physical_memory_bytes())),
-      format_size(most->host_offload));
+      format_size(p.host_memory), resolved, format_size(most->host_offload));
 }
 
 }  // namespace

@@ -80,15 +80,18 @@ bool pools_own_shards(const ShardPlan& plan, int pool) {
 }  // namespace
 
 int chain_in_model(const Config& config, const ModelSpec& m, int head) {
-  const int relu = head + 1;
-  if (!config.parallel.fuse || relu >= int(m.layers.size())) return -1;
+  const int act = head + 1;
+  if (!config.parallel.fuse || act >= int(m.layers.size())) return -1;
   const LayerSpec& bn = m.layers[size_t(head)];
+  // The activations whose gradient their output alone decides (0 < y, 0 < y < 6): the
+  // batch norm's output is never made.
+  const std::string& type = m.layers[size_t(act)].config.type();
   if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 ||
-      m.layers[size_t(relu)].config.type() != "relu" || m.readers[size_t(relu)] != std::vector<int>{relu})
+      (type != "relu" && type != "relu6") || m.readers[size_t(act)] != std::vector<int>{act})
     return -1;
-  // The pooled chain's kernels are the CPU backend's.
-  const int pool = config.parallel.backend == Backend::CPU ? pool_in_model(m, head) : -1;
-  return pool >= 0 ? pool : relu;
+  // The pooled chain's kernels are the CPU backend's, after a ReLU.
+  const int pool = config.parallel.backend == Backend::CPU && type == "relu" ? pool_in_model(m, head) : -1;
+  return pool >= 0 ? pool : act;
 }
 
 int fusable_chain(const Config& config, const ShardPlan& plan, int head) {

@@ -91,8 +91,9 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
 bool backward_in_place(const ShardPlan& plan, int l);
 
 // Pointwise fusion, a property of the schedule (the layers stay separate descriptions): a
-// batch norm on a feature map read only by a ReLU runs with it as one chain, and with a
-// max pool too when the ReLU is read only by one whose windows tile its input on every
+// batch norm on a feature map read only by a ReLU or a ReLU6 (whose gradient its output
+// alone decides) runs with it as one chain, and with a max pool too when a ReLU is read
+// only by one whose windows tile its input on every
 // rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp: on the CPU
 // backend only; another runs the batch norm's and the ReLU's kernels in place). The batch
 // norm's Forward gathers its statistics and writes only the chain's output (the ReLU's, or

@@ -68,16 +68,18 @@ CASES = {
         grids=[[1, 1], [2, 2], [2, 1], [1, 3], [4, 1]],
         mpi=[(4, [2, 2])],
     ),
-    # DeepLabV3's ASPP: a 1x1 branch, a dilated 3x3 branch and the pooling branch (global
-    # pool -> 1x1 conv -> batch norm over the batch -> upsampled to the map), concatenated,
-    # then resized to the input by bilinear interpolation; per-pixel softmax over 3 classes.
+    # DeepLabV3's ASPP: a 1x1 branch (batch norm + ReLU6: a fused chain), a dilated 3x3
+    # branch and the pooling branch (global pool -> 1x1 conv -> batch norm over the batch ->
+    # upsampled to the map), concatenated, then resized to the input by bilinear
+    # interpolation; per-pixel softmax over 3 classes.
     "aspp_softmax_sgd": dict(
         input=[40, 36, 1], loss="softmax_cross_entropy", masks=True, classes=3, optimizer=SGD,
         layers=[
             dict(type="conv2d", filters=4, kernel=3, stride=2, padding="same", bias=False),
             dict(type="batch_norm", momentum=0.9),
             dict(type="relu", name="feat"),
-            dict(type="conv2d", filters=3, kernel=1, inputs=["feat"]),
+            dict(type="conv2d", filters=3, kernel=1, bias=False, inputs=["feat"]),
+            dict(type="batch_norm", momentum=0.9),
             dict(type="relu6", name="a"),
             dict(type="conv2d", filters=3, kernel=3, dilation=2, padding="same", inputs=["feat"]),
             dict(type="hard_swish", name="b"),

@@ -330,37 +330,40 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
             (std::vector<int>{-1, 1, 1, -1, -1, -1, -1, -1}));
 }
 
-// conv -> batch norm -> ReLU -> conv on CPU: the batch norm's Forward makes the ReLU's
-// output only. The ReLU's Backward passes the output gradient down and leaves its output
+// conv -> batch norm -> ReLU (or ReLU6) -> conv: the batch norm's Forward makes the
+// activation's output only. The ReLU's Backward passes the output gradient down and leaves its output
 // for the batch norm's, which reads it and frees it, its input gradient written over the
 // output gradient. Unfused, the normalised tensor is kept besides.
 TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
-  Config c = classifier();
-  c.model.layers = {conv(8), layer("batch_norm"), layer("relu"), conv(16), layer("relu"), layer("global_avg_pool"),
-                    dense(2)};
-  const ModelSpec m = build_model_spec(c);
-  const ShardPlan p = make_shard_plan(m, {2, 1});
-  const int rank = 1;
-  const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, 4);
-  const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
-  const StepSchedule s = training_schedule(c, p, rank, keep);
-  EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, -1, -1, -1, -1}));
-  auto events = [&](StepAction a, int l) {
-    std::vector<int64_t> bytes;
-    for (const StepOp& op : s.ops)
-      if (op.action == a && op.index == l)
-        for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
-    return bytes;
-  };
-  using V = std::vector<int64_t>;
-  EXPECT_EQ(events(StepAction::Forward, 1), V{int64_t(x)});
-  EXPECT_EQ(events(StepAction::Forward, 2), V{});
-  EXPECT_EQ(events(StepAction::Backward, 2), V{});
-  EXPECT_EQ(events(StepAction::Backward, 1), V{-int64_t(x)});  // the ReLU's output
-  Config apart = c;
-  apart.parallel.fuse = false;
-  EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(7, -1));
-  EXPECT_EQ(estimate_memory(c, p, rank).activations + x, estimate_memory(apart, p, rank).activations);
+  for (const char* act : {"relu", "relu6"}) {
+    SCOPED_TRACE(act);
+    Config c = classifier();
+    c.model.layers = {conv(8), layer("batch_norm"), layer(act), conv(16), layer("relu"), layer("global_avg_pool"),
+                      dense(2)};
+    const ModelSpec m = build_model_spec(c);
+    const ShardPlan p = make_shard_plan(m, {2, 1});
+    const int rank = 1;
+    const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, 4);
+    const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
+    const StepSchedule s = training_schedule(c, p, rank, keep);
+    EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, -1, -1, -1, -1}));
+    auto events = [&](StepAction a, int l) {
+      std::vector<int64_t> bytes;
+      for (const StepOp& op : s.ops)
+        if (op.action == a && op.index == l)
+          for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
+      return bytes;
+    };
+    using V = std::vector<int64_t>;
+    EXPECT_EQ(events(StepAction::Forward, 1), V{int64_t(x)});
+    EXPECT_EQ(events(StepAction::Forward, 2), V{});
+    EXPECT_EQ(events(StepAction::Backward, 2), V{});
+    EXPECT_EQ(events(StepAction::Backward, 1), V{-int64_t(x)});  // the ReLU's output
+    Config apart = c;
+    apart.parallel.fuse = false;
+    EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(7, -1));
+    EXPECT_EQ(estimate_memory(c, p, rank).activations + x, estimate_memory(apart, p, rank).activations);
+  }
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {

@@ -1,4 +1,4 @@
-// The batch norm layer, and its half of a fused batch norm + ReLU (+ max pool) chain
+// The batch norm layer, and its half of a fused batch norm + ReLU or ReLU6 (+ max pool) chain
 // (orchestrator/step_schedule.hpp fused_chains).
 #include <fmt/format.h>
 
@@ -17,7 +17,7 @@ class BatchNormLayer : public Layer {
  public:
   using Layer::Layer;
 
-  // Batch norm + ReLU: the ReLU's output. Batch norm + ReLU + max pool (kernels/geometry.hpp
+  // Batch norm + ReLU (or ReLU6): the activation's output. Batch norm + ReLU + max pool (kernels/geometry.hpp
   // NormPoolShape): the pooled output and an argmax byte per window. The normalised tensor,
   // and with a pool the ReLU's output, are never made.
   Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode) override {
@@ -28,8 +28,15 @@ class BatchNormLayer : public Layer {
     if (!pools(tail)) {
       set_statistics(x, mode);
       Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), what);
-      ctx_.backend.bn_relu_forward(x.n(), x.c(), int64_t(x.h()) * x.w(), x.data(), mean_.data(), invstd_.data(),
-                                   weight("gamma:0"), weight("beta:0"), y.data());
+      const int64_t hw = int64_t(x.h()) * x.w();
+      if (relu6(tail)) {  // the two layers' kernels, the activation in place
+        ctx_.backend.bn_forward_apply(x.n(), x.c(), hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
+                                      weight("beta:0"), y.data());
+        ctx_.backend.activation_forward(Activation::ReLU6, {}, y.size(), y.data(), y.data());
+        return y;
+      }
+      ctx_.backend.bn_relu_forward(x.n(), x.c(), hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
+                                   weight("beta:0"), y.data());
       return y;
     }
     const NormPoolShape s = chain_shape(x, tail);
@@ -55,6 +62,13 @@ class BatchNormLayer : public Layer {
       if (dy.n() != x.n() || dy.c() != x.c() || dy.h() != x.h() || dy.w() != x.w() || y.size() != dy.size())
         throw std::logic_error(label() + ": the fused chain's output or its gradient does not match its input");
       const int64_t hw = int64_t(x.h()) * x.w();
+      if (relu6(tail)) {
+        // Its gradient passes where 0 < x < 6, which is where 0 < y < 6: y stands for x.
+        ctx_.backend.activation_backward(Activation::ReLU6, {}, y.size(), y.data(), y.data(), dy.data(), dy.data());
+        plain_gradients(x, dy, need_dx ? dy.data() : nullptr);
+        if (!need_dx) dy.release();
+        return dy;
+      }
       gradients(
           x.c(), need_dx,
           [&](double* sum_dy, double* sum_dy_xhat) {
@@ -198,7 +212,8 @@ class BatchNormLayer : public Layer {
     if (x.n() != ctx_.local_batch || x.c() != spec().in.c || x.h() != in.rows.size() || x.w() != in.cols.size())
       throw std::logic_error(label() + ": the fused chain's input is not the plan's");
   }
-  bool pools(int tail) const { return tail == index_ + 2; }  // else the chain ends at its ReLU
+  bool pools(int tail) const { return tail == index_ + 2; }  // else the chain ends at its activation
+  bool relu6(int tail) const { return model().layers[size_t(tail)].config.type() == "relu6"; }
   NormPoolShape chain_shape(const Tensor& x, int tail) const {
     const LayerSpec& pool = model().layers[size_t(tail)];
     return NormPoolShape{x.n(), x.c(), x.h(), x.w(), pool.rows.kernel, pool.cols.kernel};
