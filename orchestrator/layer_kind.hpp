@@ -75,6 +75,12 @@ struct LayerTraits {
   // input gradient over its output gradient (step_schedule.hpp backward_in_place), which
   // no other layer reads. Its worker layer implements Layer::backward_over.
   bool backward_in_place = false;
+  // What its backward reads besides the output gradient: its inputs (ReLU: no, its output
+  // decides), its output (convolution, batch norm: no). A tensor that no backward reads
+  // goes after its last reader's forward whatever its policy (step_schedule.hpp
+  // read_by_backward), and a recompute makes it again if one needs it.
+  bool backward_reads_inputs = true;
+  bool backward_reads_output = true;
 };
 
 // A model that does not work at one layer: the message without the layer's location,

@@ -69,6 +69,7 @@ LayerTraits conv_traits() {
   t.windowed = true;
   t.backward_window = WindowUse::WeightGradient;
   t.conv_workspace = true;
+  t.backward_reads_output = false;
   return t;
 }
 

@@ -29,6 +29,7 @@ LayerKind batch_norm() {
     l.flops_per_image = 8 * l.in.elements();
   };
   k.traits.backward_in_place = true;
+  k.traits.backward_reads_output = false;
   return k;
 }
 
@@ -126,6 +127,8 @@ LayerKind add() {
     l.out = l.in;
     l.flops_per_image = int64_t(l.ins.size() - 1) * l.in.elements();
   };
+  k.traits.backward_reads_inputs = false;
+  k.traits.backward_reads_output = false;
   return k;
 }
 
@@ -304,7 +307,9 @@ LayerKind channel_slice() {
 std::vector<LayerKind> pixel_kinds() {
   std::vector<LayerKind> kinds;
   kinds.push_back(batch_norm());
-  kinds.push_back(activation("relu"));
+  LayerKind relu = activation("relu");
+  relu.traits.backward_reads_inputs = false;  // its output decides its gradient
+  kinds.push_back(relu);
   kinds.push_back(global_pool("global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d"));
   kinds.push_back(dense());
   kinds.push_back(leaky_relu());

@@ -134,8 +134,8 @@ uint64_t StepMemory::lower_bound() const {
   uint64_t bound = 0;
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
-    // A backward holds its input, its output, their gradients; one of them where the input
-    // gradient takes the output gradient's memory. A chain that may be fused holds at
+    // A backward holds its input and its output where it reads them (LayerTraits), their
+    // gradients; one of them where the input gradient takes the output gradient's memory. A chain that may be fused holds at
     // least its input and its gradient (fused_chains), and without a pool the ReLU's output.
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
@@ -143,7 +143,9 @@ uint64_t StepMemory::lower_bound() const {
         if (makes_input_gradient(m.layers[l])) step = std::max(step, (z.chain_pools ? 2 : 3) * z.owned_in);
         l = size_t(z.chain_tail);
       } else if (makes_input_gradient(m.layers[l])) {
-        step = std::max(step, z.dx_over_dy ? z.owned_in + 2 * z.out : 2 * (z.owned_in + z.out));
+        const LayerTraits& t = m.layers[l].kind().traits;
+        const uint64_t read = (t.backward_reads_inputs ? z.owned_in : 0) + (t.backward_reads_output ? z.out : 0);
+        step = std::max(step, read + (z.dx_over_dy ? z.out : z.owned_in + z.out));
       }
     }
     const uint64_t tiles = (r.input + r.targets) * (r.staged ? 2 : 1);
@@ -181,6 +183,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
   const RankSizes sizes = rank_sizes(config, plan, rank);
   const uint64_t slots = replicated_state(config, m).optimizer_slots;
   const std::vector<int> fused = fused_chains(sizes);
+  const std::vector<char> read = read_by_backward(m, sizes);
   std::vector<LayerMemory> out;
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& L = m.layers[l];
@@ -207,7 +210,8 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       continue;
     }
     const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
-    switch (policies[l]) {
+    // An output no backward reads goes after its last reader's forward, as a dropped one.
+    switch (read[size_t(l) + 1] ? policies[l] : ActivationPolicy::Recompute) {
       case ActivationPolicy::Offload: x.offloaded = z.out; break;
       case ActivationPolicy::Recompute: break;
       default: x.activations = z.out;

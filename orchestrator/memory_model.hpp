@@ -103,8 +103,9 @@ class StepMemory {
   // The busiest shard; with host_max, also the largest host pool of any shard.
   MemoryEstimate estimate_max(const LayerPolicies& policies, uint64_t* host_max = nullptr) const;
   // No policy brings the busiest shard below this: when layer l >= 1 makes its input
-  // gradient, its input and output are on the device with both gradients (one, where the
-  // input gradient takes the output gradient's memory), beside the weights, the image tile
+  // gradient, its input and output are on the device where its backward reads them, with
+  // both gradients (one, where the input gradient takes the output gradient's memory),
+  // beside the weights, the image tile
   // and the targets (and the cuDNN workspace on CUDA).
   uint64_t lower_bound() const;
 

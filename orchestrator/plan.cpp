@@ -27,9 +27,10 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   groups = std::max(groups, 1);
   const int max_r = max_grid_rows(model), max_c = max_grid_cols(model);
   // A lower bound on the busiest rank of any S-shard grid, under any policy: when layer
-  // l >= 1 makes its input gradient, its input and output are on the device (restored
-  // for its backward), with the output gradient and the new input gradient (in the same
-  // memory where LayerTraits::backward_in_place), beside the image tile and targets; a
+  // l >= 1 makes its input gradient, its input and output are on the device where its
+  // backward reads them (restored for it), with the output gradient and the new input
+  // gradient (in the same memory where LayerTraits::backward_in_place), beside the image
+  // tile and targets; a
   // chain that may be fused (step_schedule.hpp chain_in_model), its input and the input's
   // gradient, and without a pool the ReLU's output. Owned tiles partition the image, so
   // some rank holds at least 1/S of the whole image's sizes.
@@ -46,7 +47,9 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
       continue;
     }
     if (l < 1 || !spec.spatial || !spec.out_spatial) continue;
-    scaled = std::max(scaled, whole(m.input) + (spec.kind().traits.backward_in_place ? in + 2 * out : 2 * (in + out)));
+    const LayerTraits& t = spec.kind().traits;
+    const uint64_t read = (t.backward_reads_inputs ? in : 0) + (t.backward_reads_output ? out : 0);
+    scaled = std::max(scaled, whole(m.input) + read + (t.backward_in_place ? out : in + out));
   }
   const uint64_t workspace = cudnn_workspace_bytes(config, model);
   for (int s = 1; s <= max_shards && s <= max_r * max_c; ++s) {

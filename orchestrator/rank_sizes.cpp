@@ -106,6 +106,21 @@ int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
   return tail;
 }
 
+std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes) {
+  const size_t L = m.layers.size();
+  std::vector<char> read(L + 1, 1);  // the image, and the output (the loss reads it)
+  for (size_t t = 1; t < L; ++t) {
+    bool reads = m.layers[t - 1].kind().traits.backward_reads_output;
+    for (int r : m.readers[t]) {
+      const std::vector<uint64_t>& gathered = sizes.layers[size_t(r)].gathered;
+      reads = reads || m.layers[size_t(r)].kind().traits.backward_reads_inputs ||
+              std::any_of(gathered.begin(), gathered.end(), [](uint64_t b) { return b > 0; });
+    }
+    read[t] = reads;
+  }
+  return read;
+}
+
 std::vector<int> fused_chains(const RankSizes& sizes) {
   std::vector<int> head(sizes.layers.size(), -1);
   for (size_t l = 0; l < sizes.layers.size(); ++l)

@@ -28,7 +28,8 @@ class StepWalk {
         own_gradient_(gradient.empty() ? gradient_flow(m) : std::vector<char>()),
         gradient_(gradient.empty() ? own_gradient_ : gradient),
         sink_(sink),
-        fused_(fused_chains(sizes)) {}
+        fused_(fused_chains(sizes)),
+        read_(read_by_backward(m, sizes)) {}
 
   // One batch of inference (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp).
   void run_inference(const ShardPlan& plan, int rank, Inference kind) {
@@ -113,6 +114,19 @@ class StepWalk {
   // Fusion (fused_chains): whether layer l is part of a fused chain this step, and whether
   // tensor t is made inside one (the batch norm's output, or a pooled chain's ReLU's): never made.
   bool fused(int l) const { return fused_[size_t(l)] >= 0; }
+  // What layer l's backward reads (LayerTraits): its inputs; its own output, which its
+  // readers may not have brought back (a fused chain: the batch norm reads its ReLU's, at
+  // the ReLU's turn).
+  bool reads_inputs(int l) const {
+    if (fused(l) && fused_[size_t(l)] != l) return false;  // a chain's inner tensors are never made
+    return traits(l).backward_reads_inputs || !std::all_of(at(l).gathered.begin(), at(l).gathered.end(),
+                                                            [](uint64_t b) { return b == 0; });
+  }
+  bool reads_own_output(int l) const {
+    if (!fused(l)) return traits(l).backward_reads_output;
+    const LayerSizes& head = at(fused_[size_t(l)]);
+    return !head.chain_pools && head.chain_tail == l;
+  }
   bool inner_of_chain(int t) const {
     return t > 0 && fused(t - 1) && at(fused_[size_t(t) - 1]).chain_tail != t - 1;
   }
@@ -236,7 +250,7 @@ class StepWalk {
   // the layer that made it says.
   void stash(int t) {
     finish_offload();
-    const ActivationPolicy p = policy_[t - 1];
+    const ActivationPolicy p = read_[t] ? policy_[t - 1] : ActivationPolicy::Recompute;
     if (p == ActivationPolicy::Keep) return;
     begin(A::Stash, t);
     if (p == ActivationPolicy::Offload) {
@@ -359,7 +373,7 @@ class StepWalk {
       release(K::Transient, windowed(l) ? at(l).ext : at(l).gathered[k]);
     }
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
-    release(K::Activations, act_bytes(l + 1));  // the output
+    if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));  // the output, unless dropped unread
     where_[l + 1] = Where::Freed;
     if (!over) release(K::Transient, dy);  // the output gradient gives way to dx
     // A tensor read by several layers sums their gradients: the later ones add in and go.
@@ -393,8 +407,10 @@ class StepWalk {
         skip_backward(l);
         continue;
       }
-      for (int t : inputs(l)) restore(t);
-      if (l > 0 && gradient_[size_t(l)])  // the next backward's inputs come back beside this one
+      if (reads_inputs(l))
+        for (int t : inputs(l)) restore(t);
+      if (reads_own_output(l)) restore(l + 1);
+      if (l > 0 && gradient_[size_t(l)] && reads_inputs(l - 1))  // the next backward's inputs come back beside this one
         for (int t : inputs(l - 1))
           if (where_[t] == Where::Host) prefetch(t);
       backward(l);
@@ -425,6 +441,7 @@ class StepWalk {
   bool cuda_workspace_ = false;
   uint64_t padded_ = 0;  // the CUDA conv's padded-input scratch
   std::vector<int> fused_;  // fused_chains: per layer, the head of its chain or -1
+  std::vector<char> read_;  // read_by_backward: per tensor
 };
 
 // Stores the operations.
@@ -473,6 +490,7 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   const RankSizes sizes = rank_sizes(config, plan, rank);
   walk_training_step(config, plan.model, sizes, policies, gradient, recorder);
   s.fused = fused_chains(sizes);
+  s.read_by_backward = read_by_backward(plan.model, sizes);
   return s;
 }
 

@@ -116,6 +116,13 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // fused_chains: per layer, the head of the fusable chain it is part of
 // (LayerSizes::chain_tail), else -1. Where no gradient reaches a chain (a frozen stem) its
 // SkipBackward drop the argmax bytes and the chain's output.
+// Per tensor (0 the image, t layer t - 1's output): whether a backward reads it, its own
+// layer's or a reader's (LayerTraits::backward_reads_output, backward_reads_inputs; a
+// reader that gathers its inputs does). One that none reads goes after its last reader's
+// forward as a dropped one does, whatever its layer's policy; a recompute that needs it
+// makes it again.
+std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes);
+
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);
 std::vector<int> fused_chains(const RankSizes& sizes);
@@ -187,6 +194,7 @@ struct StepSchedule {
   size_t micro_begin = 1, micro_end = 1;
   std::vector<StepOp> ops;
   std::vector<int> fused;  // training: fused_chains, per layer the head of its chain or -1
+  std::vector<char> read_by_backward;  // training: per tensor, read_by_backward
 };
 
 // Receives a step's operations as they are walked: the memory model tallies them without

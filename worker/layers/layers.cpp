@@ -58,7 +58,7 @@ Tensor Layer::forward(const LayerInputs& xs, ForwardMode mode) {
 
 std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, const Tensor& dy,
                                     const std::vector<bool>& need_dx) {
-  check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
+  check_output(y, dy);
   if (need_dx.size() != xs.size()) throw std::logic_error(label() + ": one need_dx per input expected");
   std::vector<Tensor> dx;
   if (ctx_.plan.layers[index_].gathers) {
@@ -81,9 +81,16 @@ std::vector<Tensor> Layer::backward(const LayerInputs& xs, const Tensor& y, cons
   return dx;
 }
 
-Tensor Layer::backward_in_place(const Tensor& x, const Tensor& y, Tensor dy) {
+void Layer::check_output(const Tensor& y, const Tensor& dy) const {
+  // y is gone where no backward reads it (step_schedule.hpp read_by_backward).
+  if (y.empty() && !spec().kind().traits.backward_reads_output) return;
   check_shape(dy, y.n(), y.c(), y.h(), y.w(), "output gradient", label());
-  check_shape(x, y.n(), y.c(), y.h(), y.w(), "input", label());
+}
+
+Tensor Layer::backward_in_place(const Tensor& x, const Tensor& y, Tensor dy) {
+  check_output(y, dy);
+  // x is gone where the backward does not read it (LayerTraits::backward_reads_inputs).
+  if (spec().kind().traits.backward_reads_inputs) check_shape(x, dy.n(), dy.c(), dy.h(), dy.w(), "input", label());
   if (!::ht::backward_in_place(ctx_.plan, index_))
     throw std::logic_error(label() + ": its input gradient cannot take the output gradient's memory");
   backward_over(x, y, dy);
@@ -170,10 +177,10 @@ class ReLULayer : public Layer {
     ctx_.backend.relu_forward(x.size(), x.data(), y.data());
     return y;
   }
-  Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
+  Tensor backward_impl(const Tensor&, const Tensor& y, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (!need_dx) return dx;
-    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    dx = Tensor(ctx_.backend.allocator(), y.n(), y.c(), y.h(), y.w(), "input gradient of " + label());
     ctx_.backend.relu_backward(y.size(), y.data(), dy.data(), dx.data());
     return dx;
   }

@@ -142,6 +142,7 @@ class Layer {
 
  private:
   LayerInputs gather_inputs(const LayerInputs& xs);  // the split ones whole, kept in gathered_
+  void check_output(const Tensor& y, const Tensor& dy) const;  // dy against y, unless y went unread
   void crop_to_owned(std::vector<Tensor>& dx);        // the gradients of gathered inputs, this rank's part
   void zero_weight_gradients();
   std::vector<Tensor> gathered_;

@@ -31,7 +31,8 @@ void Trainer::finish_offload(MicroBatch& a, int i) {
 
 void Trainer::stash(MicroBatch& a, int i) {
   Tensor& t = a.device[i];
-  if (policies_[i - 1] == ActivationPolicy::Recompute) {
+  // No backward reads it (step_schedule.hpp read_by_backward), or a recompute makes it again.
+  if (!schedule_.read_by_backward[size_t(i)] || policies_[i - 1] == ActivationPolicy::Recompute) {
     t.release();
     return;
   }
