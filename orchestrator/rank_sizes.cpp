@@ -106,16 +106,17 @@ int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
   return tail;
 }
 
+bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes) {
+  return layer.kind().traits.backward_reads_inputs ||
+         std::any_of(sizes.gathered.begin(), sizes.gathered.end(), [](uint64_t b) { return b > 0; });
+}
+
 std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes) {
   const size_t L = m.layers.size();
   std::vector<char> read(L + 1, 1);  // the image, and the output (the loss reads it)
   for (size_t t = 1; t < L; ++t) {
     bool reads = m.layers[t - 1].kind().traits.backward_reads_output;
-    for (int r : m.readers[t]) {
-      const std::vector<uint64_t>& gathered = sizes.layers[size_t(r)].gathered;
-      reads = reads || m.layers[size_t(r)].kind().traits.backward_reads_inputs ||
-              std::any_of(gathered.begin(), gathered.end(), [](uint64_t b) { return b > 0; });
-    }
+    for (int r : m.readers[t]) reads = reads || backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)]);
     read[t] = reads;
   }
   return read;

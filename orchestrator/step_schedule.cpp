@@ -119,8 +119,7 @@ class StepWalk {
   // the ReLU's turn).
   bool reads_inputs(int l) const {
     if (fused(l) && fused_[size_t(l)] != l) return false;  // a chain's inner tensors are never made
-    return traits(l).backward_reads_inputs || !std::all_of(at(l).gathered.begin(), at(l).gathered.end(),
-                                                            [](uint64_t b) { return b == 0; });
+    return backward_reads_inputs(m_.layers[size_t(l)], at(l));
   }
   bool reads_own_output(int l) const {
     if (!fused(l)) return traits(l).backward_reads_output;

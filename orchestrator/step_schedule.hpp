@@ -122,6 +122,9 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // forward as a dropped one does, whatever its layer's policy; a recompute that needs it
 // makes it again.
 std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes);
+// Whether a layer's backward reads its inputs: its kind's trait, or the whole inputs it
+// gathered.
+bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes);
 
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);

@@ -18,35 +18,15 @@
 #include "orchestrator/plan_report.hpp"
 #include "orchestrator/shard_plan.hpp"
 
+#include "common/memory_configs.hpp"
+
 namespace ht {
 namespace {
 
-LayerConfig layer(const std::string& type, const std::vector<std::pair<std::string, LayerValue>>& values = {}) {
-  return make_layer_config(type, values);
-}
-LayerConfig conv(int filters) {
-  return layer("conv2d", {{"filters", int64_t(filters)}, {"kernel", int64_t(3)}, {"padding", Padding{PaddingMode::Same, 0}}});
-}
-LayerConfig max_pool() { return layer("max_pool2d", {{"pool", int64_t(2)}, {"stride", int64_t(2)}}); }
-LayerConfig dense(int units) { return layer("dense", {{"units", int64_t(units)}}); }
-
-// 64 x 48 x 1 -> conv 8, BN, relu, pool, conv 16, relu, global pool, dense 2.
-Config classifier() {
-  Config c;
-  c.name = "mem";
-  c.source_path = "mem.yaml";
-  c.model.height = 64;
-  c.model.width = 48;
-  c.model.channels = 1;
-  LayerConfig d = dense(2);
-  c.model.layers = {conv(8), layer("batch_norm"), layer("relu"), max_pool(), conv(16),
-                    layer("relu"), layer("global_avg_pool"), d};
-  c.model.loss = LossType::SoftmaxCrossEntropy;
-  c.training.batch_size = 4;
-  c.parallel.device_memory = 1ull << 30;
-  c.parallel.devices_per_node = 2;
-  return c;
-}
+using testing::classifier;
+using testing::conv;
+using testing::dense;
+using testing::layer;
 
 uint64_t sum_of(const MemoryEstimate& e) {
   return e.params + e.grads + e.optimizer + e.input + e.activations + e.transient + e.workspace + e.halo;
@@ -272,105 +252,6 @@ TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
   const double conv1 = double(out.area()) * m.layers[0].out.c * 4 * 4;
   EXPECT_GE(off.offload, 2 * conv1 * 2 / k80.host_link_bw);
   EXPECT_GE(off.total(), keep.total());
-}
-
-// conv -> batch norm -> ReLU -> 2x2 max pool on CPU: the batch norm's Forward makes the
-// pool's output and one argmax byte per window, the ReLU's and the pool's nothing; the
-// backward passes the pool's output gradient down to the batch norm, which makes the conv
-// output's gradient. Under recompute the chain runs again whole, at the batch norm.
-TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
-  const Config c = classifier();
-  const ModelSpec m = build_model_spec(c);
-  const ShardPlan p = make_shard_plan(m, {2, 1});
-  const int rank = 1, b = 4;
-  const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, b), pooled = tile_bytes(p.owned_output(3, rank), 8, b);
-  const uint64_t argmax = (pooled / 4 + 3) / 4 * 4;  // a byte per window, in whole floats
-  const StepSchedule s = training_schedule(c, p, rank, uniform_policies(m, ActivationPolicy::Keep));
-  EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, 1, -1, -1, -1, -1}));
-  auto events = [&](StepAction a, int l) {
-    for (const StepOp& op : s.ops)
-      if (op.action == a && op.index == l) {
-        std::vector<int64_t> bytes;
-        for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
-        return bytes;
-      }
-    ADD_FAILURE() << step_action_name(a) << " " << l << " not in the schedule";
-    return std::vector<int64_t>{};
-  };
-  using V = std::vector<int64_t>;
-  EXPECT_EQ(events(StepAction::Forward, 1), (V{int64_t(pooled), int64_t(argmax)}));
-  EXPECT_EQ(events(StepAction::Forward, 2), V{});
-  EXPECT_EQ(events(StepAction::Forward, 3), V{});
-  EXPECT_EQ(events(StepAction::Backward, 3), V{-int64_t(pooled)});  // the pool's output
-  EXPECT_EQ(events(StepAction::Backward, 2), V{});
-  EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
-
-  LayerPolicies drop_pool = uniform_policies(m, ActivationPolicy::Keep);
-  drop_pool[3] = ActivationPolicy::Recompute;
-  const StepSchedule rec = training_schedule(c, p, rank, drop_pool);
-  EXPECT_EQ(rec.fused, s.fused);
-  int recomputes = 0;
-  for (const StepOp& op : rec.ops) {
-    if (op.action != StepAction::Recompute || op.index < 1 || op.index > 3) continue;
-    EXPECT_EQ(op.index, 1);
-    ASSERT_EQ(op.events.size(), 1u);
-    EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay from the forward
-    ++recomputes;
-  }
-  EXPECT_EQ(recomputes, 1);
-  // The ReLU's output fewer than unfused, less the argmax (unfused, the normalised tensor
-  // goes after the ReLU's forward: no backward reads it).
-  const uint64_t fused = estimate_memory(c, p, rank).activations;
-  Config apart = c;
-  apart.parallel.fuse = false;
-  EXPECT_EQ(training_schedule(apart, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
-            std::vector<int>(8, -1));
-  EXPECT_EQ(fused + x - argmax, estimate_memory(apart, p, rank).activations);
-  // The CUDA backend has no fused pool: its chain ends at the ReLU.
-  Config cuda = c;
-  cuda.parallel.backend = Backend::CUDA;
-  EXPECT_EQ(training_schedule(cuda, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
-            (std::vector<int>{-1, 1, 1, -1, -1, -1, -1, -1}));
-}
-
-// conv -> batch norm -> ReLU (or ReLU6) -> conv: the batch norm's Forward makes the
-// activation's output only. The ReLU's Backward passes the output gradient down and leaves its output
-// for the batch norm's, which reads it and frees it, its input gradient written over the
-// output gradient. Unfused, the normalised tensor is kept besides.
-TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
-  for (const char* act : {"relu", "relu6"}) {
-    SCOPED_TRACE(act);
-    Config c = classifier();
-    c.model.layers = {conv(8), layer("batch_norm"), layer(act), conv(16), layer("relu"), layer("global_avg_pool"),
-                      dense(2)};
-    const ModelSpec m = build_model_spec(c);
-    const ShardPlan p = make_shard_plan(m, {2, 1});
-    const int rank = 1;
-    const uint64_t x = tile_bytes(p.owned_output(0, rank), 8, 4);
-    const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
-    const StepSchedule s = training_schedule(c, p, rank, keep);
-    EXPECT_EQ(s.fused, (std::vector<int>{-1, 1, 1, -1, -1, -1, -1}));
-    auto events = [&](StepAction a, int l) {
-      std::vector<int64_t> bytes;
-      for (const StepOp& op : s.ops)
-        if (op.action == a && op.index == l)
-          for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
-      return bytes;
-    };
-    using V = std::vector<int64_t>;
-    EXPECT_EQ(events(StepAction::Forward, 1), V{int64_t(x)});
-    EXPECT_EQ(events(StepAction::Forward, 2), V{});
-    EXPECT_EQ(events(StepAction::Backward, 2), V{});
-    EXPECT_EQ(events(StepAction::Backward, 1), V{-int64_t(x)});  // the ReLU's output
-    Config apart = c;
-    apart.parallel.fuse = false;
-    EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(7, -1));
-    // Apart, the normalised tensor is kept for the ReLU6's backward, which reads its input;
-    // the ReLU's reads its output only, so that tensor goes after the ReLU's forward there
-    // too (step_schedule.hpp read_by_backward).
-    const uint64_t kept = std::string(act) == "relu6" ? x : 0;
-    EXPECT_EQ(estimate_memory(c, p, rank).activations + kept, estimate_memory(apart, p, rank).activations);
-  }
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
