@@ -295,6 +295,9 @@ LayerKind pool2d(const char* type, const char* keras_class, const char* keras_pr
             with_default("padding", KeyType::Padding, kValid), added_key("ceil_mode", KeyType::Bool, false)};
   if (average) k.keys.push_back(added_key("count_include_pad", KeyType::Bool, false));
   k.traits = window_traits(backward);
+  // A max pool's backward reads its input's window (its maxima), an average's only shapes.
+  k.traits.backward_reads_output = false;
+  k.traits.backward_reads_inputs = !average;
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);

@@ -4,6 +4,8 @@
 // worker/layers/layers.cpp and worker/layers/pixel_layers.cpp.
 #include <fmt/format.h>
 
+#include <string>
+
 #include "orchestrator/layer_kinds.hpp"
 
 namespace ht::kinds {
@@ -62,6 +64,8 @@ LayerKind dropout() {
   LayerKind k = elementwise("dropout", "Dropout", "dropout");
   k.keys = {{"rate", KeyType::Unit, std::nullopt, "", 1, {}}};
   k.traits.backward_in_place = true;
+  k.traits.backward_reads_inputs = false;  // the mask is made again from the step's position
+  k.traits.backward_reads_output = false;
   return k;
 }
 
@@ -69,6 +73,9 @@ LayerKind global_pool(const char* type, const char* keras_class, const char* ker
   LayerKind k{type, keras_class, keras_prefix, {}, {}, {}};
   k.traits.input = LayerInput::FeatureMap;
   k.traits.global_pool = true;
+  // The maximum's backward finds the maxima in its input again; the mean's reads shapes only.
+  k.traits.backward_reads_inputs = std::string(type) != "global_avg_pool";
+  k.traits.backward_reads_output = false;
   k.shape = [](LayerSpec& l) {
     if (!l.spatial)
       throw LayerShapeError("needs a feature map input, but it reads a per-image channel vector (the output of a "

@@ -183,7 +183,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
   const RankSizes sizes = rank_sizes(config, plan, rank);
   const uint64_t slots = replicated_state(config, m).optimizer_slots;
   const std::vector<int> fused = fused_chains(sizes);
-  const std::vector<char> read = read_by_backward(m, sizes);
+  const std::vector<char> read = read_by_backward(m, sizes, policies);
   std::vector<LayerMemory> out;
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& L = m.layers[l];

@@ -77,6 +77,18 @@ bool pools_own_shards(const ShardPlan& plan, int pool) {
   return true;
 }
 
+// Whether no rank reads windowed layer l's input in place (HaloExchange::in_place): every
+// (grid row, grid col) pair is a rank, so one does where some row and some col need no halo.
+bool extended_everywhere(const ShardPlan& plan, int l) {
+  auto some_owned = [](const AxisPlan& a) {
+    for (size_t i = 0; i < a.needed_in.size(); ++i)
+      if (a.needed_in[i] == a.owned_in[i]) return true;
+    return false;
+  };
+  const LayerPlan& lp = plan.layers[size_t(l)];
+  return !(some_owned(lp.rows) && some_owned(lp.cols));
+}
+
 }  // namespace
 
 int chain_in_model(const Config& config, const ModelSpec& m, int head) {
@@ -106,17 +118,18 @@ int fusable_chain(const Config& config, const ShardPlan& plan, int head) {
   return tail;
 }
 
-bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes) {
-  return layer.kind().traits.backward_reads_inputs ||
+bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy) {
+  return (layer.kind().traits.backward_reads_inputs && !reads_extended_only(layer, sizes, policy)) ||
          std::any_of(sizes.gathered.begin(), sizes.gathered.end(), [](uint64_t b) { return b > 0; });
 }
 
-std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes) {
+std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, const LayerPolicies& policies) {
   const size_t L = m.layers.size();
   std::vector<char> read(L + 1, 1);  // the image, and the output (the loss reads it)
   for (size_t t = 1; t < L; ++t) {
     bool reads = m.layers[t - 1].kind().traits.backward_reads_output;
-    for (int r : m.readers[t]) reads = reads || backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)]);
+    for (int r : m.readers[t])
+      reads = reads || backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
     read[t] = reads;
   }
   return read;
@@ -157,6 +170,7 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
       const Rect need = plan.needed_input(l, rank);
       z.ext = tile_bytes(need, spec.in.c, b);
       z.in_place = need == owned;
+      z.extended_everywhere = extended_everywhere(plan, l);
       for (HaloPhase ph : kPhases) {
         for (const HaloRegion& h : plan.sends(l, rank, ph)) z.sends[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
         for (const HaloRegion& h : plan.receives(l, rank, ph)) z.receives[int(ph)] += tile_bytes(h.rect, spec.in.c, b);
@@ -193,6 +207,10 @@ int prediction_band_rows(int channels, int cols) {
 bool keeps_extended_input(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy) {
   return layer.windowed() && !sizes.in_place && policy == ActivationPolicy::Keep &&
          layer.kind().traits.backward_window != WindowUse::None;
+}
+
+bool reads_extended_only(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy) {
+  return sizes.extended_everywhere && keeps_extended_input(layer, sizes, policy);
 }
 
 }  // namespace ht

@@ -29,7 +29,7 @@ class StepWalk {
         gradient_(gradient.empty() ? own_gradient_ : gradient),
         sink_(sink),
         fused_(fused_chains(sizes)),
-        read_(read_by_backward(m, sizes)) {}
+        read_(read_by_backward(m, sizes, policies)) {}
 
   // One batch of inference (worker/layers/layers.cpp forward_inference, worker/run/inference.cpp).
   void run_inference(const ShardPlan& plan, int rank, Inference kind) {
@@ -119,7 +119,7 @@ class StepWalk {
   // the ReLU's turn).
   bool reads_inputs(int l) const {
     if (fused(l) && fused_[size_t(l)] != l) return false;  // a chain's inner tensors are never made
-    return backward_reads_inputs(m_.layers[size_t(l)], at(l));
+    return backward_reads_inputs(m_.layers[size_t(l)], at(l), policy_[size_t(l)]);
   }
   bool reads_own_output(int l) const {
     if (!fused(l)) return traits(l).backward_reads_output;
@@ -327,9 +327,9 @@ class StepWalk {
     const int t = inputs(l)[0];
     const int head = fused_[size_t(l)];
     if (head != l) {
-      if (at(head).chain_pools) {
-        release(K::Activations, act_bytes(l + 1));
-        where_[l + 1] = Where::Freed;
+      if (at(head).chain_pools) {  // unless no backward read it (dropped, or left in the host pool)
+        if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));
+        if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
       }
       has_grad_[t] = true;
       return;
@@ -373,7 +373,7 @@ class StepWalk {
     }
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
     if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));  // the output, unless dropped unread
-    where_[l + 1] = Where::Freed;
+    if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;  // offloaded unread: it waits for the micro-batch's end
     if (!over) release(K::Transient, dy);  // the output gradient gives way to dx
     // A tensor read by several layers sums their gradients: the later ones add in and go.
     for (size_t k = 0; k < inputs(l).size(); ++k) {
@@ -489,7 +489,7 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   const RankSizes sizes = rank_sizes(config, plan, rank);
   walk_training_step(config, plan.model, sizes, policies, gradient, recorder);
   s.fused = fused_chains(sizes);
-  s.read_by_backward = read_by_backward(plan.model, sizes);
+  s.read_by_backward = read_by_backward(plan.model, sizes, policies);
   return s;
 }
 

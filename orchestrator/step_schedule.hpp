@@ -64,6 +64,7 @@ struct LayerSizes {
   uint64_t sends[2] = {}, receives[2] = {};
   uint64_t stage(int phase) const { return sends[phase] + receives[phase]; }
   bool in_place = false;   // needed == owned: no extended copy
+  bool extended_everywhere = false;  // windowed, and no rank reads its input in place
   bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
   // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
@@ -118,13 +119,14 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // SkipBackward drop the argmax bytes and the chain's output.
 // Per tensor (0 the image, t layer t - 1's output): whether a backward reads it, its own
 // layer's or a reader's (LayerTraits::backward_reads_output, backward_reads_inputs; a
-// reader that gathers its inputs does). One that none reads goes after its last reader's
-// forward as a dropped one does, whatever its layer's policy; a recompute that needs it
-// makes it again.
-std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes);
-// Whether a layer's backward reads its inputs: its kind's trait, or the whole inputs it
-// gathered.
-bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes);
+// reader that gathers its inputs does; a windowed reader that keeps its halo-extended
+// input reads that instead). One that none reads goes after its last reader's forward as
+// a dropped one does, whatever its layer's policy; a recompute that needs it makes it
+// again. The same on every rank: a recompute runs the halo exchanges of all of them.
+std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes, const LayerPolicies& policies);
+// Whether a layer's backward reads its inputs: its kind's trait, unless it reads its
+// halo-extended input instead (reads_extended_only), or the whole inputs it gathered.
+bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);
 
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);
@@ -133,6 +135,11 @@ std::vector<int> fused_chains(const RankSizes& sizes);
 // Whether a windowed layer keeps its halo-extended input from forward to backward (under
 // keep, when its backward reads it and it is not the input itself).
 bool keeps_extended_input(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);
+// Whether its backward then reads only the extended copy, not the input it was made from:
+// it keeps it on this rank and every other rank makes one too (extended_everywhere), so
+// that the input is read, or not, alike on every rank. The extended copy holds the input
+// whole, so the input itself need not wait for this backward.
+bool reads_extended_only(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);
 
 // What an operation's memory is, as the plan's breakdown names it.
 enum class MemoryKind : uint8_t {

@@ -20,24 +20,14 @@ namespace {
 using testing::classifier;
 using testing::conv;
 using testing::dense;
+using testing::events_of;
 using testing::layer;
-
-// The bytes operation (a, l) of the schedule allocates (+) and frees (-), in order.
-std::vector<int64_t> events_of(const StepSchedule& s, StepAction a, int l) {
-  for (const StepOp& op : s.ops)
-    if (op.action == a && op.index == l) {
-      std::vector<int64_t> bytes;
-      for (const MemoryEvent& e : op.events) bytes.push_back(e.bytes);
-      return bytes;
-    }
-  ADD_FAILURE() << step_action_name(a) << " " << l << " not in the schedule";
-  return {};
-}
 
 // conv -> batch norm -> ReLU -> 2x2 max pool on CPU: the batch norm's Forward makes the
 // pool's output and one argmax byte per window, the ReLU's and the pool's nothing; the
 // backward passes the pool's output gradient down to the batch norm, which makes the conv
-// output's gradient. Under recompute the chain runs again whole, at the batch norm.
+// output's gradient. Where a backward reads the pool's output and it was dropped, the
+// chain runs again whole, at the batch norm.
 TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   const Config c = classifier();
   const ModelSpec m = build_model_spec(c);
@@ -52,23 +42,36 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   EXPECT_EQ(events(StepAction::Forward, 1), (V{int64_t(pooled), int64_t(argmax)}));
   EXPECT_EQ(events(StepAction::Forward, 2), V{});
   EXPECT_EQ(events(StepAction::Forward, 3), V{});
-  EXPECT_EQ(events(StepAction::Backward, 3), V{-int64_t(pooled)});  // the pool's output
+  // The next conv keeps its extended input on both ranks, which holds the pool's output
+  // whole: that goes after the conv's forward (step_schedule.hpp reads_extended_only).
+  EXPECT_EQ(events(StepAction::Stash, 4), V{-int64_t(pooled)});
+  EXPECT_EQ(events(StepAction::Backward, 3), V{});
   EXPECT_EQ(events(StepAction::Backward, 2), V{});
   EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
 
+  // The pool's output dropped: the next conv, keeping its extended input on both ranks,
+  // reads only that (step_schedule.hpp reads_extended_only), so nothing makes the chain
+  // again. Where that conv gathers its input again for its backward (not kept), the chain
+  // runs again whole, at the batch norm.
+  auto chain_recomputes = [&](const LayerPolicies& policies) {
+    const StepSchedule rec = training_schedule(c, p, rank, policies);
+    EXPECT_EQ(rec.fused, s.fused);
+    int recomputes = 0;
+    for (const StepOp& op : rec.ops) {
+      if (op.action != StepAction::Recompute || op.index < 1 || op.index > 3) continue;
+      EXPECT_EQ(op.index, 1);
+      EXPECT_EQ(op.events.size(), 1u);
+      if (!op.events.empty()) EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay
+      ++recomputes;
+    }
+    return recomputes;
+  };
   LayerPolicies drop_pool = uniform_policies(m, ActivationPolicy::Keep);
   drop_pool[3] = ActivationPolicy::Recompute;
-  const StepSchedule rec = training_schedule(c, p, rank, drop_pool);
-  EXPECT_EQ(rec.fused, s.fused);
-  int recomputes = 0;
-  for (const StepOp& op : rec.ops) {
-    if (op.action != StepAction::Recompute || op.index < 1 || op.index > 3) continue;
-    EXPECT_EQ(op.index, 1);
-    ASSERT_EQ(op.events.size(), 1u);
-    EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay from the forward
-    ++recomputes;
-  }
-  EXPECT_EQ(recomputes, 1);
+  EXPECT_EQ(chain_recomputes(drop_pool), 0);
+  drop_pool[4] = ActivationPolicy::Offload;
+  EXPECT_EQ(chain_recomputes(drop_pool), 1);
+  EXPECT_EQ(events_of(training_schedule(c, p, rank, drop_pool), StepAction::Backward, 3), V{-int64_t(pooled)});
   // The ReLU's output fewer than unfused, less the argmax (unfused, the normalised tensor
   // goes after the ReLU's forward: no backward reads it).
   const uint64_t fused = estimate_memory(c, p, rank).activations;

@@ -26,6 +26,7 @@ namespace {
 using testing::classifier;
 using testing::conv;
 using testing::dense;
+using testing::events_of;
 using testing::layer;
 
 uint64_t sum_of(const MemoryEstimate& e) {
@@ -126,6 +127,47 @@ TEST(MemoryModel, PerLayerSizesMatchAHandCount) {
   EXPECT_EQ(x[1].transient, 1024u);
   EXPECT_EQ(x[2].transient, 8u + 512u);
   for (const LayerMemory& l : x) EXPECT_EQ(l.halo, 0u);
+}
+
+// A windowed layer that keeps its halo-extended input reads that in its backward, not its
+// input (step_schedule.hpp reads_extended_only): conv -> conv on two shards, the first
+// conv's output goes after the second's forward, on both ranks. A 2x2 'same' window reads
+// the row below only, so the bottom shard reads its input in place: then the input is
+// read on every rank, so that a recompute of it would run on all of them alike. Gathered
+// again for the backward (not kept), it is read.
+TEST(MemoryModel, AKeptExtendedInputStandsInForItsInput) {
+  Config c = classifier();
+  c.model.height = c.model.width = 16;
+  c.training.batch_size = 1;
+  for (const int kernel : {3, 2}) {
+    SCOPED_TRACE(kernel);
+    c.model.layers = {conv(4), conv(4, kernel), layer("relu"), layer("global_avg_pool"), dense(2)};
+    const ModelSpec m = build_model_spec(c);
+    const ShardPlan p = make_shard_plan(m, {2, 1});
+    LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
+    const bool everywhere = kernel == 3;
+    for (int rank = 0; rank < 2; ++rank) {
+      SCOPED_TRACE(rank);
+      const RankSizes z = rank_sizes(c, p, rank);
+      EXPECT_EQ(z.layers[1].in_place, kernel == 2 && rank == 1);
+      EXPECT_EQ(z.layers[1].extended_everywhere, everywhere);
+      const StepSchedule s = training_schedule(c, p, rank, keep);
+      EXPECT_EQ(s.read_by_backward[1], everywhere ? 0 : 1);
+      const uint64_t x = tile_bytes(p.owned_output(0, rank), 4, 1);
+      const std::vector<LayerMemory> per_layer = layer_memory(c, p, rank, keep);
+      // (the first conv keeps the image's extended tile besides)
+      EXPECT_EQ(per_layer[0].activations - z.layers[0].ext, everywhere ? 0 : x);
+      if (everywhere) {
+        EXPECT_EQ(events_of(s, StepAction::Stash, 1), std::vector<int64_t>{-int64_t(x)});
+        EXPECT_EQ(per_layer[1].activations, z.layers[1].ext);  // the extended input, instead
+      } else {
+        for (const StepOp& op : s.ops) EXPECT_FALSE(op.action == StepAction::Stash && op.index == 1);
+      }
+    }
+    LayerPolicies regather = keep;
+    regather[1] = ActivationPolicy::Offload;
+    EXPECT_EQ(training_schedule(c, p, 0, regather).read_by_backward[1], 1);
+  }
 }
 
 // Summed over the layers, the weights are the replicated state of the peak, and what each

@@ -249,11 +249,13 @@ class GlobalAvgPoolLayer : public Layer {
     ctx_.backend.from_host(y.data(), mean.data(), mean.size() * sizeof(float));
     return y;
   }
-  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
+  // x is gone (LayerTraits::backward_reads_inputs): its shape is this rank's part of the input.
+  Tensor backward_impl(const Tensor&, const Tensor&, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (!need_dx) return dx;
-    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
-    ctx_.backend.global_avg_backward(x.n(), x.c(), int64_t(x.h()) * x.w(), dy.data(), 1.0 / pixels(),
+    const Rect in = ctx_.plan.owned_tensor(spec().inputs[0], ctx_.rank);
+    dx = make_output(dy.n(), dy.c(), in, "input gradient");
+    ctx_.backend.global_avg_backward(dx.n(), dx.c(), int64_t(dx.h()) * dx.w(), dy.data(), 1.0 / pixels(),
                                      dx.data());
     return dx;
   }

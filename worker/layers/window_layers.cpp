@@ -52,9 +52,11 @@ class WindowedLayer : public Layer {
     return ext_;
   }
   const Tensor& kernel_input(const Tensor& x) const { return halo_.in_place() ? x : ext_; }
-  Tensor make_dext(const Tensor& x) {
+  // The extended input's gradient, for a batch of dy's. Backward never reads x's sizes: x is
+  // gone where the extended input was kept in its place (step_schedule.hpp reads_extended_only).
+  Tensor make_dext(const Tensor& dy) {
     const Rect& need = halo_.needed();
-    return Tensor(ctx_.backend.allocator(), x.n(), x.c(), need.rows.size(), need.cols.size(),
+    return Tensor(ctx_.backend.allocator(), dy.n(), spec().in.c, need.rows.size(), need.cols.size(),
                   "input gradient of " + label());
   }
   Tensor finish_dx(Tensor dext) {
@@ -140,7 +142,7 @@ class Conv2DLayer : public WindowedLayer {
     ext_.release();  // backward_data needs only dy: free the extended input first
     Tensor dx;
     if (need_dx) {
-      Tensor dext = make_dext(x);
+      Tensor dext = make_dext(dy);
       k.backward_data(dy.data(), weight(kernel_name_), dext.data());
       dx = finish_dx(std::move(dext));
     }
@@ -193,7 +195,7 @@ class SeparableConvLayer : public Conv2DLayer {
     ConvKernel& p = pointwise(pointwise_geom(inner));
     if (float* dw = weight_grad("pointwise_kernel:0"))
       p.backward_weights(inner.data(), dy.data(), dw, weight_grad("bias:0"));
-    Tensor dinner = make_output(x.n(), inner.c(), out_rect_, "depthwise output gradient");
+    Tensor dinner = make_output(dy.n(), inner.c(), out_rect_, "depthwise output gradient");
     p.backward_data(dy.data(), weight("pointwise_kernel:0"), dinner.data());
     inner.release();
     ConvKernel& d = kernel(geom(in));
@@ -201,7 +203,7 @@ class SeparableConvLayer : public Conv2DLayer {
     ext_.release();
     Tensor dx;
     if (need_dx) {
-      Tensor dext = make_dext(x);
+      Tensor dext = make_dext(dy);
       d.backward_data(dinner.data(), weight("depthwise_kernel:0"), dext.data());
       dinner.release();
       dx = finish_dx(std::move(dext));
@@ -245,7 +247,7 @@ class TransposeConvLayer : public Conv2DLayer {
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);
-    ConvKernel& k = kernel(transposed_geom(x.n()));
+    ConvKernel& k = kernel(transposed_geom(dy.n()));
     if (float* dw = weight_grad("kernel:0")) k.backward_weights(dy.data(), in.data(), dw, nullptr);
     if (float* db = weight_grad("bias:0")) {
       std::vector<double> sums(size_t(dy.c()));
@@ -256,7 +258,7 @@ class TransposeConvLayer : public Conv2DLayer {
     ext_.release();
     Tensor dx;
     if (need_dx) {
-      Tensor dext = make_dext(x);
+      Tensor dext = make_dext(dy);
       k.forward(dy.data(), weight("kernel:0"), nullptr, dext.data());
       dx = finish_dx(std::move(dext));
     }
@@ -304,8 +306,8 @@ class ResampleLayer : public WindowedLayer {
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     if (!need_dx) return Tensor();
-    Tensor dext = make_dext(x);
-    ctx_.backend.resample_backward(geom(x.n()), dy.data(), dext.data());
+    Tensor dext = make_dext(dy);
+    ctx_.backend.resample_backward(geom(dy.n()), dy.data(), dext.data());
     return finish_dx(std::move(dext));
   }
 };
@@ -349,7 +351,7 @@ class PoolLayer : public WindowedLayer {
     Tensor dx;
     if (need_dx) {
       const Tensor* in = is_max() ? &regather(x) : nullptr;
-      Tensor dext = make_dext(x);
+      Tensor dext = make_dext(dy);
       const PoolGeom g = geom(dext);
       if (is_max())
         ctx_.backend.max_pool_backward(g, in->data(), dy.data(), dext.data());
