@@ -83,6 +83,21 @@ HT_ACT_HD inline T activation_value(Activation f, ActivationArgs a, T x) {
   return x;
 }
 
+// What activation_gradient reads besides dy: the input x, the output y. Where it reads one
+// only, the other may be gone by the backward (LayerTraits::backward_reads_inputs,
+// backward_reads_output) and any pointer of the right size stands for it.
+struct ActivationReads {
+  bool input = true, output = true;
+};
+constexpr ActivationReads gradient_reads(Activation f) {
+  switch (f) {
+    case Activation::LeakyReLU:  // the sign of y is the sign of x (alpha >= 0)
+    case Activation::Sigmoid:
+    case Activation::Tanh: return {false, true};
+    default: return {true, false};
+  }
+}
+
 // dy * f'(x), from the input x and the output y = f(x).
 template <class T>
 HT_ACT_HD inline T activation_gradient(Activation f, ActivationArgs a, T x, T y, T dy) {

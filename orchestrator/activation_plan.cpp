@@ -48,7 +48,7 @@ namespace {
 class StepTimeModel {
  public:
   StepTimeModel(const Config& config, const ShardPlan& plan, const DeviceCostModel& d)
-      : overlap_(d.copies_overlap), micro_batches_(config.training.accumulate) {
+      : model_(plan.model), overlap_(d.copies_overlap), micro_batches_(config.training.accumulate) {
     const ModelSpec& m = plan.model;
     const int b = local_batch(config, plan), L = int(m.layers.size());
     const double allreduce =
@@ -58,6 +58,7 @@ class StepTimeModel {
     for (int r = 0; r < plan.shards(); ++r) {
       Shard s;
       s.allreduce = allreduce;
+      s.sizes = rank_sizes(config, plan, r);
       const int node = node_of(config, r);
       for (int l = 0; l < L; ++l) {
         const LayerSpec& spec = m.layers[l];
@@ -97,6 +98,8 @@ class StepTimeModel {
       t.overlapped = overlap_;
       t.halo = s.halo;
       t.allreduce = s.allreduce;
+      // An output no backward reads is dropped whatever its policy: nothing goes to the host.
+      const std::vector<char> read = read_by_backward(model_, s.sizes, policies);
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
@@ -104,7 +107,7 @@ class StepTimeModel {
           t.recompute += s.forward[l];
           t.halo += s.sends[l];
         }
-        if (policies[l] == ActivationPolicy::Offload) t.offload += s.offload[l];
+        if (policies[l] == ActivationPolicy::Offload && read[l + 1]) t.offload += s.offload[l];
       }
       // Every micro-batch computes and exchanges; the gradients are reduced once a step.
       const double k = micro_batches_;
@@ -121,7 +124,9 @@ class StepTimeModel {
   struct Shard {
     std::vector<double> forward, offload, sends, regather;
     double halo = 0, allreduce = 0;
+    RankSizes sizes;
   };
+  const ModelSpec& model_;
   bool overlap_;
   int micro_batches_;
   std::vector<Shard> shards_;

@@ -73,11 +73,15 @@ LayerTraits conv_traits() {
   return t;
 }
 
+// No windowed kind's backward reads its output; one that reads no window (an average pool,
+// the resamplings, padding and cropping) reads only shapes.
 LayerTraits window_traits(WindowUse backward) {
   LayerTraits t;
   t.input = LayerInput::FeatureMap;
   t.windowed = true;
   t.backward_window = backward;
+  t.backward_reads_inputs = backward != WindowUse::None;
+  t.backward_reads_output = false;
   return t;
 }
 
@@ -295,9 +299,6 @@ LayerKind pool2d(const char* type, const char* keras_class, const char* keras_pr
             with_default("padding", KeyType::Padding, kValid), added_key("ceil_mode", KeyType::Bool, false)};
   if (average) k.keys.push_back(added_key("count_include_pad", KeyType::Bool, false));
   k.traits = window_traits(backward);
-  // A max pool's backward reads its input's window (its maxima), an average's only shapes.
-  k.traits.backward_reads_output = false;
-  k.traits.backward_reads_inputs = !average;
   k.shape = [](LayerSpec& l) {
     const LayerConfig& c = l.config;
     require_feature_map(l);

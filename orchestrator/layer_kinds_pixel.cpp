@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "kernels/activation.hpp"
 #include "orchestrator/layer_kinds.hpp"
 
 namespace ht::kinds {
@@ -51,6 +52,14 @@ LayerKind elementwise(const char* type, const char* keras_class, const char* ker
 LayerKind activation(const char* type, const char* keras_class = "Activation", const char* keras_prefix = "activation") {
   LayerKind k = elementwise(type, keras_class, keras_prefix);
   k.traits.backward_in_place = true;
+  return k;
+}
+
+// An activation's backward reads what kernels/activation.hpp's gradient of f reads.
+LayerKind reading_as(LayerKind k, Activation f) {
+  const ActivationReads reads = gradient_reads(f);
+  k.traits.backward_reads_inputs = reads.input;
+  k.traits.backward_reads_output = reads.output;
   return k;
 }
 
@@ -104,6 +113,7 @@ LayerKind dense() {
     if (c.flag("bias")) l.weights.push_back({"bias:0", {units}, true, WeightLayout::Keras, WeightInit::Zeros});
     l.flops_per_image = 2ll * l.in.c * units;
   };
+  k.traits.backward_reads_output = false;  // dy and the input
   return k;
 }
 
@@ -147,6 +157,8 @@ LayerKind concatenate() {
     l.out = l.in;
     for (size_t i = 1; i < l.ins.size(); ++i) l.out.c += l.ins[i].c;
   };
+  k.traits.backward_reads_inputs = false;  // the output gradient cut into blocks
+  k.traits.backward_reads_output = false;
   return k;
 }
 
@@ -194,6 +206,7 @@ LayerKind multiply() {
   LayerKind k = join("multiply", "Multiply", "multiply");
   k.traits.max_inputs = 2;
   k.traits.broadcasts_vectors = true;
+  k.traits.backward_reads_output = false;  // each input's gradient is dy times the other input
   k.shape = [](LayerSpec& l) {
     const size_t map = l.ins_spatial[0] ? 0 : 1, other = 1 - map;
     const bool broadcast = l.ins_spatial[0] != l.ins_spatial[1];
@@ -319,20 +332,23 @@ std::vector<LayerKind> pixel_kinds() {
   kinds.push_back(relu);
   kinds.push_back(global_pool("global_avg_pool", "GlobalAveragePooling2D", "global_average_pooling2d"));
   kinds.push_back(dense());
-  kinds.push_back(leaky_relu());
-  kinds.push_back(activation("sigmoid"));
-  kinds.push_back(activation("tanh"));
+  kinds.push_back(reading_as(leaky_relu(), Activation::LeakyReLU));
+  kinds.push_back(reading_as(activation("sigmoid"), Activation::Sigmoid));
+  kinds.push_back(reading_as(activation("tanh"), Activation::Tanh));
   kinds.push_back(global_pool("global_max_pool", "GlobalMaxPooling2D", "global_max_pooling2d"));
   kinds.push_back(dropout());
   kinds.push_back(add());
   kinds.push_back(concatenate());
   // SPEC section 11.
-  kinds.push_back(clip("relu6", false));
-  kinds.push_back(clip("clip", true));
-  kinds.push_back(activation("silu"));
-  kinds.push_back(hard_sigmoid());
-  kinds.push_back(activation("hard_swish"));
-  kinds.push_back(gelu());
+  kinds.push_back(reading_as(clip("relu6", false), Activation::ReLU6));
+  kinds.push_back(reading_as(clip("clip", true), Activation::Clip));
+  kinds.push_back(reading_as(activation("silu"), Activation::SiLU));
+  kinds.push_back(reading_as(hard_sigmoid(), Activation::HardSigmoid));
+  kinds.push_back(reading_as(activation("hard_swish"), Activation::HardSwish));
+  static_assert(gradient_reads(Activation::GELU).input == gradient_reads(Activation::GELUTanh).input &&
+                    gradient_reads(Activation::GELU).output == gradient_reads(Activation::GELUTanh).output,
+                "gelu's two forms read the same");
+  kinds.push_back(reading_as(gelu(), Activation::GELU));
   kinds.push_back(multiply());
   kinds.push_back(layer_norm());
   kinds.push_back(scale());

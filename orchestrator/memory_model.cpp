@@ -202,8 +202,9 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
         x.transient = sizes.layers[size_t(z.chain_tail)].out +
                       (makes_input_gradient(L) && z.chain_pools ? z.owned_in : 0);
       } else if (head.chain_tail == l) {
-        if (policies[l] == ActivationPolicy::Offload) x.offloaded = z.out;
-        else if (policies[l] == ActivationPolicy::Keep) x.activations = z.out;
+        const ActivationPolicy p = read[size_t(l) + 1] ? policies[l] : ActivationPolicy::Recompute;
+        if (p == ActivationPolicy::Offload) x.offloaded = z.out;
+        else if (p == ActivationPolicy::Keep) x.activations = z.out;
         x.transient = z.out;
       }
       out.push_back(x);

@@ -123,11 +123,18 @@ bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, Acti
          std::any_of(sizes.gathered.begin(), sizes.gathered.end(), [](uint64_t b) { return b > 0; });
 }
 
+bool backward_reads_output(const ModelSpec& m, const RankSizes& sizes, const std::vector<int>& fused, int l) {
+  if (fused[size_t(l)] < 0) return m.layers[size_t(l)].kind().traits.backward_reads_output;
+  const LayerSizes& head = sizes.layers[size_t(fused[size_t(l)])];
+  return !head.chain_pools && head.chain_tail == l;
+}
+
 std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, const LayerPolicies& policies) {
   const size_t L = m.layers.size();
+  const std::vector<int> fused = fused_chains(sizes);
   std::vector<char> read(L + 1, 1);  // the image, and the output (the loss reads it)
   for (size_t t = 1; t < L; ++t) {
-    bool reads = m.layers[t - 1].kind().traits.backward_reads_output;
+    bool reads = backward_reads_output(m, sizes, fused, int(t) - 1);
     for (int r : m.readers[t])
       reads = reads || backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
     read[t] = reads;

@@ -121,11 +121,7 @@ class StepWalk {
     if (fused(l) && fused_[size_t(l)] != l) return false;  // a chain's inner tensors are never made
     return backward_reads_inputs(m_.layers[size_t(l)], at(l), policy_[size_t(l)]);
   }
-  bool reads_own_output(int l) const {
-    if (!fused(l)) return traits(l).backward_reads_output;
-    const LayerSizes& head = at(fused_[size_t(l)]);
-    return !head.chain_pools && head.chain_tail == l;
-  }
+  bool reads_own_output(int l) const { return backward_reads_output(m_, z_, fused_, l); }
   bool inner_of_chain(int t) const {
     return t > 0 && fused(t - 1) && at(fused_[size_t(t) - 1]).chain_tail != t - 1;
   }
@@ -176,6 +172,9 @@ class StepWalk {
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, saved);
+    // Recomputed, a layer that keeps its extended input makes it again; the one kept from
+    // its forward goes then (WindowedLayer::gather).
+    if (w && again && keeps_ext(l)) release(saved, ext);
     alloc(K::Transient, at(l).inner);  // a separable conv's inner tensor, for its forward only
     alloc(K::Activations, act_bytes(l + 1));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);

@@ -124,6 +124,10 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // a dropped one does, whatever its layer's policy; a recompute that needs it makes it
 // again. The same on every rank: a recompute runs the halo exchanges of all of them.
 std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes, const LayerPolicies& policies);
+// Whether layer l's backward reads its own output: its kind's trait; inside a fused chain
+// (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's
+// backward reads the ReLU's output for its mask).
+bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
 // Whether a layer's backward reads its inputs: its kind's trait, unless it reads its
 // halo-extended input instead (reads_extended_only), or the whole inputs it gathered.
 bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);

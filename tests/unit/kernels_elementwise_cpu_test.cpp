@@ -80,6 +80,14 @@ TEST(ElementwiseCpu, ActivationsGradientCheck) {
     for (size_t i = 0; i < x.size(); ++i)
       ASSERT_NEAR(y[i], c.ref(x[i], c.args.alpha, c.args.beta), 1e-14) << int(c.f) << " " << x[i];
     activation_backward<double>(c.f, c.args, x.size(), x.data(), y.data(), r.data(), dx.data());
+    // It reads only what gradient_reads says: where the other tensor is gone, the layer
+    // passes the one it has in its place (worker/layers/layers.cpp ActivationLayer).
+    const ActivationReads reads = gradient_reads(c.f);
+    EXPECT_NE(reads.input, reads.output) << int(c.f);
+    Vec dx_one(80);
+    activation_backward<double>(c.f, c.args, x.size(), reads.input ? x.data() : y.data(),
+                                reads.output ? y.data() : x.data(), r.data(), dx_one.data());
+    EXPECT_EQ(dx_one, dx) << int(c.f);
     check_grad("activation dx", x, dx, [&] {
       activation_forward<double>(c.f, c.args, x.size(), x.data(), y.data());
       return dotv(y, r);

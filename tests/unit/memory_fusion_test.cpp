@@ -46,6 +46,8 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   // whole: that goes after the conv's forward (step_schedule.hpp reads_extended_only).
   EXPECT_EQ(events(StepAction::Stash, 4), V{-int64_t(pooled)});
   EXPECT_EQ(events(StepAction::Backward, 3), V{});
+  const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
+  EXPECT_EQ(layer_memory(c, p, rank, keep)[3].activations, 0u);  // the per-layer view agrees
   EXPECT_EQ(events(StepAction::Backward, 2), V{});
   EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
 
@@ -72,6 +74,11 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   drop_pool[4] = ActivationPolicy::Offload;
   EXPECT_EQ(chain_recomputes(drop_pool), 1);
   EXPECT_EQ(events_of(training_schedule(c, p, rank, drop_pool), StepAction::Backward, 3), V{-int64_t(pooled)});
+  LayerPolicies offload = keep;
+  offload[3] = offload[4] = ActivationPolicy::Offload;
+  EXPECT_EQ(layer_memory(c, p, rank, offload)[3].offloaded, pooled);
+  offload[4] = ActivationPolicy::Keep;  // the conv keeps its extended input: nothing to offload
+  EXPECT_EQ(layer_memory(c, p, rank, offload)[3].offloaded, 0u);
   // The ReLU's output fewer than unfused, less the argmax (unfused, the normalised tensor
   // goes after the ReLU's forward: no backward reads it).
   const uint64_t fused = estimate_memory(c, p, rank).activations;
@@ -90,7 +97,7 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
 // conv -> batch norm -> ReLU (or ReLU6) -> conv: the batch norm's Forward makes the
 // activation's output only. The ReLU's Backward passes the output gradient down and leaves its output
 // for the batch norm's, which reads it and frees it, its input gradient written over the
-// output gradient. Unfused, the normalised tensor is kept besides.
+// output gradient.
 TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
   for (const char* act : {"relu", "relu6"}) {
     SCOPED_TRACE(act);
@@ -110,14 +117,17 @@ TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
     EXPECT_EQ(events(StepAction::Forward, 2), V{});
     EXPECT_EQ(events(StepAction::Backward, 2), V{});
     EXPECT_EQ(events(StepAction::Backward, 1), V{-int64_t(x)});  // the ReLU's output
+    // The batch norm's backward reads the chain's output, though the ReLU6 kind's does not
+    // and the next conv reads its extended copy instead: kept, never made again.
+    EXPECT_EQ(s.read_by_backward[3], 1);
+    for (const StepOp& op : s.ops) EXPECT_NE(op.action, StepAction::Recompute);
     Config apart = c;
     apart.parallel.fuse = false;
     EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(7, -1));
-    // Apart, the normalised tensor is kept for the ReLU6's backward, which reads its input;
-    // the ReLU's reads its output only, so that tensor goes after the ReLU's forward there
-    // too (step_schedule.hpp read_by_backward).
-    const uint64_t kept = std::string(act) == "relu6" ? x : 0;
-    EXPECT_EQ(estimate_memory(c, p, rank).activations + kept, estimate_memory(apart, p, rank).activations);
+    // Apart, the ReLU's backward reads its output, the ReLU6's its input (the normalised
+    // tensor); the other one goes after the activation's forward (the next conv reads its
+    // extended copy): one tensor of the chain's size kept either way, as fused.
+    EXPECT_EQ(estimate_memory(c, p, rank).activations, estimate_memory(apart, p, rank).activations);
   }
 }
 

@@ -170,6 +170,41 @@ TEST(MemoryModel, AKeptExtendedInputStandsInForItsInput) {
   }
 }
 
+// conv -> conv -> ReLU on two shards, the ReLU's output dropped: its recompute needs the
+// second conv's output, which no backward reads (the ReLU's reads its own output), so the
+// conv runs again, gathering its extended input anew; the copy it kept from its forward goes
+// then (WindowedLayer::gather). Everything a micro-batch allocates it frees.
+TEST(MemoryModel, RecomputingAConvThatKeepsItsExtendedInputHoldsOneCopy) {
+  Config c = classifier();
+  c.model.height = c.model.width = 16;
+  c.training.batch_size = 1;
+  c.model.layers = {conv(4), conv(4), layer("relu"), layer("global_avg_pool"), dense(2)};
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  LayerPolicies policies = uniform_policies(m, ActivationPolicy::Keep);
+  policies[2] = ActivationPolicy::Recompute;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const RankSizes z = rank_sizes(c, p, rank);
+    ASSERT_TRUE(keeps_extended_input(m.layers[1], z.layers[1], policies[1]));
+    const StepSchedule s = training_schedule(c, p, rank, policies);
+    int64_t activations = 0, micro_batch = 0;
+    int recomputes = 0;
+    for (size_t o = s.micro_begin; o < s.micro_end; ++o) {
+      const StepOp& op = s.ops[o];
+      for (const MemoryEvent& e : op.events) {
+        micro_batch += e.bytes;
+        if (op.action == StepAction::Recompute && op.index == 1 && e.kind == MemoryKind::Activations)
+          activations += e.bytes;
+      }
+      recomputes += op.action == StepAction::Recompute && op.index == 1;
+    }
+    EXPECT_EQ(recomputes, 1);
+    EXPECT_EQ(activations, int64_t(z.layers[1].out));  // + the new copy - the kept one + the output
+    EXPECT_EQ(micro_batch, 0);
+  }
+}
+
 // Summed over the layers, the weights are the replicated state of the peak, and what each
 // layer offloads is the host pool's peak (every offloaded output waits there at once).
 TEST(MemoryModel, PerLayerSizesAddUpToTheEstimate) {
@@ -294,6 +329,17 @@ TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
   const double conv1 = double(out.area()) * m.layers[0].out.c * 4 * 4;
   EXPECT_GE(off.offload, 2 * conv1 * 2 / k80.host_link_bw);
   EXPECT_GE(off.total(), keep.total());
+  // Exactly what the schedule sends to the host pool (not the outputs no backward reads:
+  // those are dropped), on the busier shard.
+  double host_seconds = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    uint64_t host = 0;
+    for (const StepOp& op : training_schedule(c, p, rank, uniform_policies(m, ActivationPolicy::Offload)).ops)
+      for (const MemoryEvent& e : op.events)
+        if (e.kind == MemoryKind::Host && e.bytes > 0) host += uint64_t(e.bytes);
+    host_seconds = std::max(host_seconds, 2.0 * double(host) * k80.devices_per_link / k80.host_link_bw);
+  }
+  EXPECT_NEAR(off.offload, host_seconds, 1e-9 * host_seconds);
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {

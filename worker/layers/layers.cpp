@@ -189,7 +189,8 @@ class ReLULayer : public Layer {
   }
 };
 
-// The activations of kernels/activation.hpp: y = f(x); the backward reads x and y.
+// The activations of kernels/activation.hpp: y = f(x); the backward reads x or y
+// (gradient_reads), the other one may be gone.
 class ActivationLayer : public Layer {
  public:
   ActivationLayer(const LayerContext& ctx, int index, Activation f) : Layer(ctx, index), f_(f) {
@@ -211,12 +212,17 @@ class ActivationLayer : public Layer {
   Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (!need_dx) return dx;
-    dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
-    ctx_.backend.activation_backward(f_, args_, y.size(), x.data(), y.data(), dy.data(), dx.data());
+    dx = Tensor(ctx_.backend.allocator(), dy.n(), dy.c(), dy.h(), dy.w(), "input gradient of " + label());
+    ctx_.backend.activation_backward(f_, args_, dy.size(), read(x, y), read(y, x), dy.data(), dx.data());
     return dx;
   }
   void backward_over(const Tensor& x, const Tensor& y, Tensor& dy) override {
-    ctx_.backend.activation_backward(f_, args_, y.size(), x.data(), y.data(), dy.data(), dy.data());
+    ctx_.backend.activation_backward(f_, args_, dy.size(), read(x, y), read(y, x), dy.data(), dy.data());
+  }
+  // The tensor the gradient reads, or where it is gone the other one, which it does not read.
+  static const float* read(const Tensor& t, const Tensor& other) {
+    if (t.empty() && other.empty()) throw std::logic_error("an activation's backward without its input or output");
+    return t.empty() ? other.data() : t.data();
   }
 
  private:
@@ -361,12 +367,12 @@ class DenseLayer : public Layer {
     ctx_.backend.dense_forward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), weight("bias:0"), y.data());
     return y;
   }
-  Tensor backward_impl(const Tensor& x, const Tensor& y, const Tensor& dy, bool need_dx) override {
+  Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     Tensor dx;
     if (need_dx) dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), 1, 1, "input gradient of " + label());
     float* dw = weight_grad("kernel:0");
     float* db = weight_grad("bias:0");
-    ctx_.backend.dense_backward(x.n(), x.c(), y.c(), x.data(), weight("kernel:0"), dy.data(),
+    ctx_.backend.dense_backward(x.n(), x.c(), dy.c(), x.data(), weight("kernel:0"), dy.data(),
                                 need_dx ? dx.data() : nullptr, dw, db);
     return dx;
   }
@@ -426,9 +432,9 @@ class ConcatenateLayer : public JoinLayer {
   }
   std::vector<Tensor> backward_inputs(const LayerInputs& xs, const Tensor&, const Tensor& dy,
                                       const std::vector<bool>& need_dx) override {
-    std::vector<Tensor> dx(xs.size());
+    std::vector<Tensor> dx(xs.size());  // the inputs are gone (LayerTraits): their shapes from dy's
     for (size_t k = 0; k < xs.size(); ++k)
-      if (need_dx[k]) dx[k] = like(*xs[k], xs[k]->c(), "input gradient");
+      if (need_dx[k]) dx[k] = like(dy, spec().ins[k].c, "input gradient");
     for_each_block(dy, [&](size_t k, size_t at_whole, size_t at_part, size_t n) {
       if (need_dx[k]) ctx_.backend.copy(dx[k].data() + at_part, dy.data() + at_whole, n);
     });
