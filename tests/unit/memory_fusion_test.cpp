@@ -3,7 +3,6 @@
 // run apart.
 #include <gtest/gtest.h>
 
-#include <string>
 #include <vector>
 
 #include "orchestrator/memory_model.hpp"
