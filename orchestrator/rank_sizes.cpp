@@ -135,8 +135,11 @@ std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, c
   std::vector<char> read(L + 1, 1);  // the image, and the output (the loss reads it)
   for (size_t t = 1; t < L; ++t) {
     bool reads = backward_reads_output(m, sizes, fused, int(t) - 1);
+    // A reader whose output is recomputed runs its forward again, which reads it: it waits
+    // as its own policy says rather than being made again too.
     for (int r : m.readers[t])
-      reads = reads || backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
+      reads = reads || policies[size_t(r)] == ActivationPolicy::Recompute ||
+              backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
     read[t] = reads;
   }
   return read;

@@ -172,9 +172,6 @@ class StepWalk {
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, saved);
-    // Recomputed, a layer that keeps its extended input makes it again; the one kept from
-    // its forward goes then (WindowedLayer::gather).
-    if (w && again && keeps_ext(l)) release(saved, ext);
     alloc(K::Transient, at(l).inner);  // a separable conv's inner tensor, for its forward only
     alloc(K::Activations, act_bytes(l + 1));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);

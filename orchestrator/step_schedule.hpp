@@ -120,9 +120,10 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // Per tensor (0 the image, t layer t - 1's output): whether a backward reads it, its own
 // layer's or a reader's (LayerTraits::backward_reads_output, backward_reads_inputs; a
 // reader that gathers its inputs does; a windowed reader that keeps its halo-extended
-// input reads that instead). One that none reads goes after its last reader's forward as
-// a dropped one does, whatever its layer's policy; a recompute that needs it makes it
-// again. The same on every rank: a recompute runs the halo exchanges of all of them.
+// input reads that instead; a reader under recompute does, its forward running again).
+// One that none reads goes after its last reader's forward as a dropped one does,
+// whatever its layer's policy. The same on every rank: a recompute runs the halo
+// exchanges of all of them.
 std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes, const LayerPolicies& policies);
 // Whether layer l's backward reads its own output: its kind's trait; inside a fused chain
 // (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's

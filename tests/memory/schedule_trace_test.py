@@ -13,7 +13,7 @@ micro-batch's operations once per micro-batch), the same allocations and frees i
 same order with the same byte counts, and the bytes held when the step starts equal to
 what the schedule holds. Cases: the demo model (a chain with batch norm) on grids 2x1
 and 2x2 under keep, offload, recompute and a tight `auto`, with micro-batches, with a frozen stem, under mpirun, a
-strided conv recomputed for the ReLU after it, and planned on a "login node" (other CPU
+strided conv kept for the ReLU recomputed after it, and planned on a "login node" (other CPU
 count, OpenMP/MPI/Slurm variables, oneDNN capped at another ISA) with parallel.threads and
 parallel.cpu_isa set; the U-Net (concatenations, transposed convs) under
 keep and recompute; a residual graph on an uneven grid 3x2; EfficientNet-B0 (depthwise
@@ -167,10 +167,9 @@ def main():
     run_case("demo-2x2-recompute", demo, small + ["parallel.grid=[2, 2]", "parallel.activations=recompute"], 4,
              predict_from=os.path.join(WORK, "demo.h5"))
     run_case("demo-2x1-offload-mpirun", demo, small + ["parallel.activations=offload"], 2, mpi=True)
-    # A strided last conv keeps its output as a recompute boundary, but no backward reads
-    # that output (the ReLU's reads its own): dropped, it is made again for the ReLU's
-    # recompute, and on the top shard the halo-extended input the conv keeps is gathered
-    # anew in place of the kept one.
+    # A strided last conv keeps its output as a recompute boundary: no backward reads it
+    # (the ReLU's reads its own), but the ReLU's recompute does, so it stays; on the top
+    # shard the conv keeps its halo-extended input besides.
     run_case("demo-2x1-recompute-strided", demo,
              small + ["parallel.activations=recompute", "model.layers[8].stride=2"], 2)
     # The plan's inputs are the config: a "login node" (another CPU count, OpenMP, MPI and
