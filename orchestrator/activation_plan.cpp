@@ -98,12 +98,13 @@ class StepTimeModel {
       t.overlapped = overlap_;
       t.halo = s.halo;
       t.allreduce = s.allreduce;
-      // An output no backward reads is dropped whatever its policy: nothing goes to the host.
+      // An output no backward (nor a recomputed forward) reads is dropped whatever its
+      // policy: nothing goes to the host, nothing makes it again.
       const std::vector<char> read = read_by_backward(model_, s.sizes, policies);
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
-        if (policies[l] == ActivationPolicy::Recompute) {
+        if (policies[l] == ActivationPolicy::Recompute && read[l + 1]) {
           t.recompute += s.forward[l];
           t.halo += s.sends[l];
         }

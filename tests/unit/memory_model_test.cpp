@@ -334,6 +334,15 @@ TEST(MemoryModel, StepTimeAddsTheRecomputedForwardAndTheOffloadTraffic) {
     host_seconds = std::max(host_seconds, 2.0 * double(host) * k80.devices_per_link / k80.host_link_bw);
   }
   EXPECT_NEAR(off.offload, host_seconds, 1e-9 * host_seconds);
+  // A layer under recompute whose output nothing reads again (a conv read only by a ReLU,
+  // which reads its own output) is never made again: the schedule has no Recompute for it,
+  // and the step time no recompute.
+  LayerPolicies conv_only = uniform_policies(m, ActivationPolicy::Keep);
+  conv_only[4] = ActivationPolicy::Recompute;  // conv 16, read by a ReLU
+  for (const StepOp& op : training_schedule(c, p, 0, conv_only).ops) EXPECT_NE(op.action, StepAction::Recompute);
+  EXPECT_EQ(predict_step_time(c, p, conv_only, k80).recompute, 0);
+  conv_only[5] = ActivationPolicy::Recompute;  // and the ReLU, whose forward then reads it again
+  EXPECT_GT(predict_step_time(c, p, conv_only, k80).recompute, 0);
 }
 
 TEST(MemoryModel, TwoShardsRoughlyHalveActivations) {
