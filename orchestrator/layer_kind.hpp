@@ -77,8 +77,8 @@ struct LayerTraits {
   bool backward_in_place = false;
   // What its backward reads besides the output gradient: its inputs (ReLU: no, its output
   // decides), its output (convolution, batch norm: no). A tensor that no backward reads
-  // goes after its last reader's forward whatever its policy (step_schedule.hpp
-  // read_by_backward), and a recompute makes it again if one needs it.
+  // (nor a reader under recompute) goes after its last reader's forward whatever its
+  // policy (step_schedule.hpp read_by_backward).
   bool backward_reads_inputs = true;
   bool backward_reads_output = true;
 };

@@ -135,8 +135,9 @@ uint64_t StepMemory::lower_bound() const {
   for (const RankSizes& r : ranks_) {
     uint64_t step = 0;
     // A backward holds its input and its output where it reads them (LayerTraits), their
-    // gradients; one of them where the input gradient takes the output gradient's memory. A chain that may be fused holds at
-    // least its input and its gradient (fused_chains), and without a pool the ReLU's output.
+    // gradients; one of them where the input gradient takes the output gradient's memory.
+    // A chain that may be fused holds at least its input and its gradient (fused_chains),
+    // and without a pool the ReLU's output.
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
       if (z.chain_tail >= 0) {
@@ -202,7 +203,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
         x.transient = sizes.layers[size_t(z.chain_tail)].out +
                       (makes_input_gradient(L) && z.chain_pools ? z.owned_in : 0);
       } else if (head.chain_tail == l) {
-        const ActivationPolicy p = read[size_t(l) + 1] ? policies[l] : ActivationPolicy::Recompute;
+        const ActivationPolicy p = stored_as(read, policies, l + 1);
         if (p == ActivationPolicy::Offload) x.offloaded = z.out;
         else if (p == ActivationPolicy::Keep) x.activations = z.out;
         x.transient = z.out;
@@ -211,8 +212,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       continue;
     }
     const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
-    // An output no backward reads goes after its last reader's forward, as a dropped one.
-    switch (read[size_t(l) + 1] ? policies[l] : ActivationPolicy::Recompute) {
+    switch (stored_as(read, policies, l + 1)) {
       case ActivationPolicy::Offload: x.offloaded = z.out; break;
       case ActivationPolicy::Recompute: break;
       default: x.activations = z.out;

@@ -30,10 +30,9 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // l >= 1 makes its input gradient, its input and output are on the device where its
   // backward reads them (restored for it), with the output gradient and the new input
   // gradient (in the same memory where LayerTraits::backward_in_place), beside the image
-  // tile and targets; a
-  // chain that may be fused (step_schedule.hpp chain_in_model), its input and the input's
-  // gradient, and without a pool the ReLU's output. Owned tiles partition the image, so
-  // some rank holds at least 1/S of the whole image's sizes.
+  // tile and targets; a chain that may be fused (step_schedule.hpp chain_in_model), its
+  // input and the input's gradient, and without a pool the ReLU's output. Owned tiles
+  // partition the image, so some rank holds at least 1/S of the whole image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };

@@ -150,6 +150,15 @@ std::string render_predict_plan(const Config& config, const ShardPlan& plan, boo
   return s;
 }
 
+namespace {
+
+// Whether a rank's peak fits parallel.device_memory and its host pool parallel.host_memory.
+bool rank_fits(const Config& config, const Plan& job, const MemoryEstimate& e) {
+  return e.total <= config.parallel.device_memory && e.host_offload <= job.host_memory;
+}
+
+}  // namespace
+
 // The plan's per-rank memory table, and what its data files hold in host memory.
 std::string memory_table_text(const Config& config, const Plan& job) {
   const uint64_t budget = config.parallel.device_memory;
@@ -168,7 +177,7 @@ std::string memory_table_text(const Config& config, const Plan& job) {
                      format_size(e.optimizer), format_size(e.input), format_size(e.activations),
                      format_size(e.transient), format_size(e.halo), format_size(e.workspace),
                      format_size(e.total),
-                     e.total <= budget && e.host_offload <= job.host_memory ? "FITS" : "DOES NOT FIT",
+                     rank_fits(config, job, e) ? "FITS" : "DOES NOT FIT",
                      format_size(e.host_offload)));
   if (const WholeDecodes& d = job.decodes; d.rows > 0) {
     if (d.images == 0)
@@ -322,7 +331,7 @@ std::string render_plan_json(const Config& config, const Plan& job) {
         r, node_of(config, r), local_device_of(config, r), plan.group_of(r), plan.grid_row_of(r),
         plan.grid_col_of(r), t.rows.lo, t.rows.hi, t.cols.lo, t.cols.hi, e.params, e.grads, e.optimizer,
         e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total, e.host_offload,
-        e.total <= budget && e.host_offload <= job.host_memory ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
+        rank_fits(config, job, e) ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
   }
   s += "  ],\n";
 

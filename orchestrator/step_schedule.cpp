@@ -245,7 +245,7 @@ class StepWalk {
   // the layer that made it says.
   void stash(int t) {
     finish_offload();
-    const ActivationPolicy p = read_[t] ? policy_[t - 1] : ActivationPolicy::Recompute;
+    const ActivationPolicy p = stored_as(read_, policy_, t);
     if (p == ActivationPolicy::Keep) return;
     begin(A::Stash, t);
     if (p == ActivationPolicy::Offload) {

@@ -129,6 +129,12 @@ std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& size
 // (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's
 // backward reads the ReLU's output for its mask).
 bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
+// What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
+// its layer's policy where it is read again (`read`: read_by_backward), else it goes as
+// under recompute.
+inline ActivationPolicy stored_as(const std::vector<char>& read, const LayerPolicies& policies, int t) {
+  return read[size_t(t)] ? policies[size_t(t) - 1] : ActivationPolicy::Recompute;
+}
 // Whether a layer's backward reads its inputs: its kind's trait, unless it reads its
 // halo-extended input instead (reads_extended_only), or the whole inputs it gathered.
 bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);

@@ -62,7 +62,9 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
       if (op.action != StepAction::Recompute || op.index < 1 || op.index > 3) continue;
       EXPECT_EQ(op.index, 1);
       EXPECT_EQ(op.events.size(), 1u);
-      if (!op.events.empty()) EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay
+      if (!op.events.empty()) {
+        EXPECT_EQ(op.events[0].bytes, int64_t(pooled));  // the argmax bytes stay
+      }
       ++recomputes;
     }
     return recomputes;

@@ -31,8 +31,7 @@ void Trainer::finish_offload(MicroBatch& a, int i) {
 
 void Trainer::stash(MicroBatch& a, int i) {
   Tensor& t = a.device[i];
-  // No backward reads it (step_schedule.hpp read_by_backward), or a recompute makes it again.
-  if (!schedule_.read_by_backward[size_t(i)] || policies_[i - 1] == ActivationPolicy::Recompute) {
+  if (stored_as(schedule_.read_by_backward, policies_, i) == ActivationPolicy::Recompute) {  // dropped
     t.release();
     return;
   }
