@@ -271,6 +271,35 @@ struct DnnlConv2d::Impl {
   memory pad_mem(size_t bytes) {
     return memory({{static_cast<memory::dim>(bytes)}, dt::u8, tag::x}, eng, arena->get(kScratchPad, bytes));
   }
+
+  // The oneDNN passes. dy sits in slot B in both backward ones (x in A for the weights, w
+  // for the data), so the weight gradient's reorder of dy, returned, can serve the data's.
+  memory run_bwd_weights(const float* x, const float* dy, float* dw, float* dbias) {
+    auto& b = get_bwd_weights(dbias != nullptr);
+    auto xm = b.x.in(eng, strm, x, *arena, kScratchA);
+    auto dym = b.dy.in(eng, strm, dy, *arena, kScratchB);
+    auto dwm = b.dw.out(eng, dw, *arena, kScratchC);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
+                                         {DNNL_ARG_DIFF_DST, dym},
+                                         {DNNL_ARG_DIFF_WEIGHTS, dwm},
+                                         {DNNL_ARG_SCRATCHPAD, pad_mem(b.pad)}};
+    if (dbias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(b_md, eng, dbias));
+    b.prim.execute(strm, args);
+    b.dw.finish(eng, strm, dwm, dw);
+    strm.wait();
+    return dym;
+  }
+  void run_bwd_data(const memory& dym, const float* w, float* dx) {
+    auto& b = get_bwd_data();
+    auto wm = b.w.in(eng, strm, w, *arena, kScratchA);
+    auto dxm = b.dx.out(eng, dx, *arena, kScratchC);
+    b.prim.execute(strm, {{DNNL_ARG_DIFF_DST, dym},
+                          {DNNL_ARG_WEIGHTS, wm},
+                          {DNNL_ARG_DIFF_SRC, dxm},
+                          {DNNL_ARG_SCRATCHPAD, pad_mem(b.pad)}});
+    b.dx.finish(eng, strm, dxm, dx);
+    strm.wait();
+  }
 };
 
 DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, ConvKernels kernels) : g_(g), kernels_(kernels) {
@@ -312,23 +341,17 @@ void DnnlConv2d::backward_data(const float* dy, const float* w, float* dx) {
     return;
   }
   auto& b = m.get_bwd_data();
-  auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchA);
-  auto wm = b.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
-  auto dxm = b.dx.out(m.eng, dx, *m.arena, kScratchC);
-  b.prim.execute(m.strm, {{DNNL_ARG_DIFF_DST, dym},
-                          {DNNL_ARG_WEIGHTS, wm},
-                          {DNNL_ARG_DIFF_SRC, dxm},
-                          {DNNL_ARG_SCRATCHPAD, m.pad_mem(b.pad)}});
-  b.dx.finish(m.eng, m.strm, dxm, dx);
-  m.strm.wait();
+  m.run_bwd_data(b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchB), w, dx);
 }
 
+// One input channel (the first layer on grey images, at full resolution): the loop
+// kernel reads dy once as NCHW, where oneDNN first reorders it into padded blocks.
+// Measured, 4x1x1024x768 3x3 1->8, two threads: oneDNN 16.7-23.5 ms, loops 8.3 ms with
+// AVX-512 (16.2 ms AVX2, 18.9 ms SSE2 vs 19.1 ms).
+bool DnnlConv2d::weights_on_loops() const { return g_.cin == 1 && kernels_ == ConvKernels::Fastest; }
+
 void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, float* dbias) {
-  // One input channel (the first layer on grey images, at full resolution): the loop
-  // kernel reads dy once as NCHW, where oneDNN first reorders it into padded blocks.
-  // Measured, 4x1x1024x768 3x3 1->8, two threads: oneDNN 16.7-23.5 ms, loops 8.3 ms with
-  // AVX-512 (16.2 ms AVX2, 18.9 ms SSE2 vs 19.1 ms).
-  if (g_.cin == 1 && kernels_ == ConvKernels::Fastest) {
+  if (weights_on_loops()) {
     conv2d_backward_weights<float>(g_, x, dy, dw, dbias);
     return;
   }
@@ -337,18 +360,25 @@ void DnnlConv2d::backward_weights(const float* x, const float* dy, float* dw, fl
     small_conv_backward_weights(g_, x, dy, dw, dbias, m.small_scratch(g_, kConvBackwardWeights));
     return;
   }
-  auto& b = m.get_bwd_weights(dbias != nullptr);
-  auto xm = b.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
-  auto dym = b.dy.in(m.eng, m.strm, dy, *m.arena, kScratchB);
-  auto dwm = b.dw.out(m.eng, dw, *m.arena, kScratchC);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
-                                       {DNNL_ARG_DIFF_DST, dym},
-                                       {DNNL_ARG_DIFF_WEIGHTS, dwm},
-                                       {DNNL_ARG_SCRATCHPAD, m.pad_mem(b.pad)}};
-  if (dbias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(m.b_md, m.eng, dbias));
-  b.prim.execute(m.strm, args);
-  b.dw.finish(m.eng, m.strm, dwm, dw);
-  m.strm.wait();
+  m.run_bwd_weights(x, dy, dw, dbias);
+}
+
+void DnnlConv2d::backward(const float* x, const float* dy, const float* w, float* dw, float* dbias,
+                          const std::function<float*()>& dx_buffer) {
+  Impl& m = *impl_;
+  const bool on_onednn = !weights_on_loops() && !(small_ & (kConvBackwardWeights | kConvBackwardData));
+  if (dw && on_onednn) {
+    // Both passes on oneDNN: when they take dy in the same blocked layout, the weight
+    // gradient's reorder of dy (slot B) is the data gradient's too.
+    const Port& weights_dy = m.get_bwd_weights(dbias != nullptr).dy;
+    if (weights_dy.to_prim && weights_dy.prim == m.get_bwd_data().dy.prim) {
+      const memory dym = m.run_bwd_weights(x, dy, dw, dbias);
+      if (float* dx = dx_buffer()) m.run_bwd_data(dym, w, dx);
+      return;
+    }
+  }
+  if (dw) backward_weights(x, dy, dw, dbias);
+  if (float* dx = dx_buffer()) backward_data(dy, w, dx);
 }
 
 ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
@@ -377,10 +407,9 @@ ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
   }
   if ((passes & kConvBackwardData) && !(small & kConvBackwardData)) {
     auto& d = m.get_bwd_data();
-    add(d.dy, d.w, d.dx, d.pad);
+    add(d.w, d.dy, d.dx, d.pad);
   }
-  const bool loops = g_.cin == 1 && kernels_ == ConvKernels::Fastest;
-  if ((passes & kConvBackwardWeights) && !loops && !(small & kConvBackwardWeights)) {
+  if ((passes & kConvBackwardWeights) && !weights_on_loops() && !(small & kConvBackwardWeights)) {
     for (bool bias : {false, true}) {
       auto& w = m.get_bwd_weights(bias);
       add(w.x, w.dy, w.dw, w.pad);

@@ -248,11 +248,13 @@ TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
 class RecordingArena : public ScratchArena {
  public:
   void* get(int slot, size_t bytes) override {
+    ++calls[slot];
     asked.slot[slot] = std::max(asked.slot[slot], bytes);
     if (buf[slot].size() < bytes / sizeof(float) + 16) buf[slot].resize(bytes / sizeof(float) + 16);
     return buf[slot].data();
   }
   ConvScratch asked;
+  int calls[kScratchSlots] = {};
   std::vector<float> buf[kScratchSlots];
 };
 
@@ -279,6 +281,7 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
         inference.forward(x.data(), w.data(), bias, y.data());
       }
       conv.backward_data(dy.data(), w.data(), dx.data());
+      conv.backward(x.data(), dy.data(), w.data(), dw.data(), db.data(), [&] { return dx.data(); });
       const ConvScratch need = dnnl_conv_scratch(g, kConvAllPasses, threads);
       const ConvScratch need_forward = dnnl_conv_scratch(g, kConvForward, threads);
       for (int s = 0; s < kScratchSlots; ++s) {
@@ -291,6 +294,60 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// backward() gives the bits of backward_weights then backward_data, with and without the
+// weight gradient, calls dx_buffer after the weight gradient is written, and where both
+// passes run on oneDNN in one blocked layout reorders dy once: it asks for slot B once
+// where the two calls ask twice. Not shared: few input channels (the small-channel
+// kernels), and 8 mod 16 input channels (the data gradient's 8-channel blocks).
+TEST(DnnlConv2d, BackwardReordersDyOnceForBothPasses) {
+  std::mt19937_64 rng(31);
+  const struct {
+    ConvGeom g;
+    bool shared;
+  } cases[] = {{geom(2, 32, 20, 18, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), true},
+               {geom(1, 32, 17, 15, 32, 3, 3, 2, 2, 1, 1, 0, 1, 1, 1), true},
+               {geom(2, 24, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false},
+               {geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false},
+               {geom(2, 12, 21, 20, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false}};
+  for (const auto& [g, shared] : cases) {
+    RecordingArena apart_arena, both_arena;
+    DnnlConv2d apart(g, &apart_arena), both(g, &both_arena);
+    const VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
+               dy = to_float(random_vec(g.y_size(), rng));
+    VecF dw(g.w_size()), db(size_t(g.cout)), dx(g.x_size());
+    apart.backward_weights(x.data(), dy.data(), dw.data(), db.data());
+    const int apart_b_after_weights = apart_arena.calls[kScratchB];
+    apart.backward_data(dy.data(), w.data(), dx.data());
+    const int apart_b = apart_arena.calls[kScratchB] - apart_b_after_weights;
+    VecF dw2(g.w_size(), -1.f), db2(size_t(g.cout), -1.f), dx2(g.x_size(), -1.f);
+    int before_dx = -1;
+    both.backward(x.data(), dy.data(), w.data(), dw2.data(), db2.data(), [&] {
+      EXPECT_EQ(dw2, dw) << "the weight gradient is written before dx_buffer is called";
+      before_dx = both_arena.calls[kScratchB];
+      return dx2.data();
+    });
+    const std::string ctx = "cin " + std::to_string(g.cin) + ", cout " + std::to_string(g.cout);
+    EXPECT_EQ(dw2, dw) << ctx;
+    EXPECT_EQ(db2, db) << ctx;
+    EXPECT_EQ(dx2, dx) << ctx;
+    if (shared) {
+      EXPECT_EQ(apart_b, 1) << ctx << ": the data gradient alone reorders dy into slot B";
+      EXPECT_EQ(both_arena.calls[kScratchB], before_dx) << ctx << ": dy reordered again";
+    } else if (g.cin > 16) {
+      EXPECT_GT(both_arena.calls[kScratchB], before_dx) << ctx << ": dy taken from the other layout";
+    }
+    // Without the weight gradient (a frozen layer), and without dx.
+    VecF dx3(g.x_size(), -1.f);
+    both.backward(x.data(), dy.data(), w.data(), nullptr, nullptr, [&] { return dx3.data(); });
+    EXPECT_EQ(dx3, dx) << ctx;
+    VecF dw4(g.w_size(), -1.f);
+    both.backward(x.data(), dy.data(), w.data(), dw4.data(), nullptr, [] { return static_cast<float*>(nullptr); });
+    VecF dw_nobias(g.w_size());
+    apart.backward_weights(x.data(), dy.data(), dw_nobias.data(), nullptr);
+    EXPECT_EQ(dw4, dw_nobias) << ctx;
+  }
 }
 
 TEST(DnnlConv2d, RejectsBadGeometry) {

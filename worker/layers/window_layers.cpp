@@ -137,16 +137,16 @@ class Conv2DLayer : public WindowedLayer {
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);
-    ConvKernel& k = kernel(geom(in));
-    if (float* dw = weight_grad(kernel_name_)) k.backward_weights(in.data(), dy.data(), dw, weight_grad("bias:0"));
-    ext_.release();  // backward_data needs only dy: free the extended input first
-    Tensor dx;
-    if (need_dx) {
-      Tensor dext = make_dext(dy);
-      k.backward_data(dy.data(), weight(kernel_name_), dext.data());
-      dx = finish_dx(std::move(dext));
-    }
-    return dx;
+    float* dw = weight_grad(kernel_name_);
+    Tensor dext;
+    kernel(geom(in)).backward(in.data(), dy.data(), weight(kernel_name_), dw, dw ? weight_grad("bias:0") : nullptr,
+                              [&]() -> float* {
+                                ext_.release();  // the data gradient needs only dy: free the extended input first
+                                if (!need_dx) return nullptr;
+                                dext = make_dext(dy);
+                                return dext.data();
+                              });
+    return need_dx ? finish_dx(std::move(dext)) : Tensor();
   }
 
   bool depthwise_;

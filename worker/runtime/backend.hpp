@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -30,6 +31,14 @@ class ConvKernel {
   virtual void forward(const float* x, const float* w, const float* bias, float* y) = 0;
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;             // dx =
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;  // dw, db =
+  // Both: backward_weights when dw is not null, then backward_data into dx_buffer() (null:
+  // no dx), called in between so that the caller can free what only the weight gradient
+  // reads first. A backend may carry work on dy from one pass to the other.
+  virtual void backward(const float* x, const float* dy, const float* w, float* dw, float* db,
+                        const std::function<float*()>& dx_buffer) {
+    if (dw) backward_weights(x, dy, dw, db);
+    if (float* dx = dx_buffer()) backward_data(dy, w, dx);
+  }
 };
 
 // All pointers are device memory of this backend unless named host_*. Per-channel and

@@ -32,6 +32,10 @@ class CpuConv : public ConvKernel {
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     conv_.backward_weights(x, dy, dw, db);
   }
+  void backward(const float* x, const float* dy, const float* w, float* dw, float* db,
+                const std::function<float*()>& dx_buffer) override {
+    conv_.backward(x, dy, w, dw, db, dx_buffer);
+  }
 
  private:
   cpu::DnnlConv2d conv_;
