@@ -101,6 +101,10 @@ class StepTimeModel {
       // An output no backward (nor a recomputed forward) reads is dropped whatever its
       // policy: nothing goes to the host, nothing makes it again.
       const std::vector<char> read = read_by_backward(model_, s.sizes, policies);
+      // Nor is one made inside a fused chain (the batch norm's output, a pooled chain's
+      // ReLU's): never made, never sent.
+      const std::vector<int> fused = fused_chains(s.sizes);
+      auto inner = [&](size_t l) { return fused[l] >= 0 && s.sizes.layers[size_t(fused[l])].chain_tail != int(l); };
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
@@ -108,7 +112,7 @@ class StepTimeModel {
           t.recompute += s.forward[l];
           t.halo += s.sends[l];
         }
-        if (policies[l] == ActivationPolicy::Offload && read[l + 1]) t.offload += s.offload[l];
+        if (policies[l] == ActivationPolicy::Offload && read[l + 1] && !inner(l)) t.offload += s.offload[l];
       }
       // Every micro-batch computes and exchanges; the gradients are reduced once a step.
       const double k = micro_batches_;

@@ -224,7 +224,7 @@ struct ParallelConfig {
   // like threads: oneDNN's scratchpads follow it, so a set value plans the same on every
   // machine that has it (a machine without it refuses the plan).
   std::string cpu_isa = "auto";
-  // Whether the step schedule fuses batch norm + ReLU (+ max pool on the CPU backend)
+  // Whether the step schedule fuses batch norm + ReLU (+ max pool)
   // chains where it can (orchestrator/step_schedule.hpp fused_chains). false runs every
   // layer on its own, to compare the two.
   bool fuse = true;

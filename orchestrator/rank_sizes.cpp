@@ -101,8 +101,8 @@ int chain_in_model(const Config& config, const ModelSpec& m, int head) {
   if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 ||
       (type != "relu" && type != "relu6") || m.readers[size_t(act)] != std::vector<int>{act})
     return -1;
-  // The pooled chain's kernels are the CPU backend's, after a ReLU.
-  const int pool = config.parallel.backend == Backend::CPU && type == "relu" ? pool_in_model(m, head) : -1;
+  // The pooled chain's kernels follow a ReLU (the CPU's and the CUDA backend's).
+  const int pool = type == "relu" ? pool_in_model(m, head) : -1;
   return pool >= 0 ? pool : act;
 }
 

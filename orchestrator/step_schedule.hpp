@@ -95,8 +95,9 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // batch norm on a feature map read only by a ReLU or a ReLU6 (whose gradient its output
 // alone decides) runs with it as one chain, and with a max pool too when a ReLU is read
 // only by one whose windows tile its input on every
-// rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp: on the CPU
-// backend only; another runs the batch norm's and the ReLU's kernels in place). The batch
+// rank (kernel == stride, no padding, no halo; kernels/cpu/norm_relu_pool.hpp and
+// kernels/cuda/norm_relu_pool.cu; without a pool the CUDA backend runs the batch norm's and
+// the ReLU's kernels in place). The batch
 // norm's Forward gathers its statistics and writes only the chain's output (the ReLU's, or
 // the pool's and one argmax byte per window); the batch norm's output, and in a pooled
 // chain the ReLU's, are never made, so their policies have nothing to act on. The other

@@ -96,6 +96,18 @@ void launch_bn_forward_apply(int n, int c, int64_t hw, const float* x, const dou
 void launch_bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* mean,
                               const double* invstd, const float* gamma, const double* sum_dy,
                               const double* sum_dy_xhat, double count, float* dx);
+// norm_relu_pool.cu: batch norm + ReLU + a tiling max pool (kernels/geometry.hpp
+// NormPoolShape); the backward sums' partials as launch_bn_backward_sums's.
+void launch_bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* mean,
+                                     const double* invstd, const float* gamma, const float* beta, float* y,
+                                     uint8_t* argmax);
+void launch_bn_relu_max_pool_backward_sums(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                           const float* x, const double* mean, const double* invstd, int blocks,
+                                           double* partials);
+void launch_bn_relu_max_pool_backward_apply(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                            const float* x, const double* mean, const double* invstd,
+                                            const float* gamma, const double* sum_dy, const double* sum_dy_xhat,
+                                            double count, float* dx);
 // Per plane p: y = (x - mean[p]) * scale[p] + shift[p]; dx = k[p] * dy + a[p] * (x -
 // mean[p]) + b[p] (device doubles per plane).
 void launch_plane_affine(int planes, int64_t hw, const float* x, const double* mean, const double* scale,

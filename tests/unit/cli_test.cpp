@@ -54,7 +54,9 @@ class CliTest : public ::testing::Test {
 
 // On one K80 die the seed case fits keeping everything: no tensor that no backward reads is
 // kept (each batch norm's output: the batch norm's backward reads its input, the ReLU's its
-// output), fused or not. On a die of 8 GiB it fits only out of core.
+// output), fused or not. On a die of 8 GiB it fits keeping everything fused (batch norm,
+// ReLU and max pool in one chain, on CUDA too: no pre-pool tensor is made), and with the
+// layers apart only out of core.
 TEST_F(CliTest, SeedCaseOnOneDieFitsAndOutOfCoreOnASmallerOne) {
   const std::string seed = std::string(HALOTRAIN_SOURCE_DIR) + "/configs/seed-k80.yaml";
   const std::string one_die = " --set parallel.grid=[1,1]";
@@ -63,7 +65,10 @@ TEST_F(CliTest, SeedCaseOnOneDieFitsAndOutOfCoreOnASmallerOne) {
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find("keep       all 24 layers"), std::string::npos) << r.output;
   }
-  const std::string small = one_die + " --set parallel.device_memory=8GiB";
+  const Result fused = run("plan " + seed + one_die + " --set parallel.device_memory=8GiB");
+  EXPECT_EQ(fused.code, 0) << fused.output;
+  EXPECT_NE(fused.output.find("keep       all 24 layers"), std::string::npos) << fused.output;
+  const std::string small = one_die + " --set parallel.device_memory=8GiB --set parallel.fuse=false";
   const Result keep = run("plan " + seed + small + " --set parallel.activations=keep");
   EXPECT_EQ(keep.code, 1) << keep.output;
   EXPECT_NE(keep.output.find("does not fit"), std::string::npos) << keep.output;

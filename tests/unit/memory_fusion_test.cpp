@@ -88,11 +88,13 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   EXPECT_EQ(training_schedule(apart, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
             std::vector<int>(8, -1));
   EXPECT_EQ(fused + x - argmax, estimate_memory(apart, p, rank).activations);
-  // The CUDA backend has no fused pool: its chain ends at the ReLU.
+  // The CUDA backend fuses the same chain, pool included (kernels/cuda/norm_relu_pool.cu).
   Config cuda = c;
   cuda.parallel.backend = Backend::CUDA;
   EXPECT_EQ(training_schedule(cuda, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
-            (std::vector<int>{-1, 1, 1, -1, -1, -1, -1, -1}));
+            training_schedule(c, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused);
+  EXPECT_EQ(training_schedule(cuda, p, rank, uniform_policies(m, ActivationPolicy::Keep)).fused,
+            (std::vector<int>{-1, 1, 1, 1, -1, -1, -1, -1}));
 }
 
 // conv -> batch norm -> ReLU (or ReLU6) -> conv: the batch norm's Forward makes the

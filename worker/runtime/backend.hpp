@@ -145,8 +145,8 @@ class ComputeBackend {
   // Batch norm, ReLU and a tiling max pool as one fused chain (kernels/geometry.hpp
   // NormPoolShape; orchestrator/step_schedule.hpp fused_chains): the forward writes the
   // pooled tensor and one argmax byte per window; the backward's sums (overwritten) and its
-  // input gradient read the pooled gradient and the argmax bytes. The step schedule fuses
-  // on the CPU backend only; another backend throws std::logic_error.
+  // input gradient read the pooled gradient and the argmax bytes. The CPU and CUDA backends
+  // have them; by default they throw std::logic_error.
   virtual void bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* host_mean,
                                         const double* host_invstd, const float* gamma, const float* beta,
                                         float* y, uint8_t* argmax) {
@@ -250,7 +250,7 @@ class ComputeBackend {
 
  private:
   [[noreturn]] static void not_fused() {
-    throw std::logic_error("this backend has no fused batch norm + ReLU + max pool (the step schedule fuses it on CPU)");
+    throw std::logic_error("this backend has no fused batch norm + ReLU + max pool");
   }
 };
 

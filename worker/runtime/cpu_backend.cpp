@@ -43,7 +43,7 @@ class CpuConv : public ConvKernel {
 
 // oneDNN's scratch for every conv of one worker, from its counting allocator: reserved at
 // the memory model's size before the first step, and grown (still counted) should a call
-// ask for more. Contents are not kept.
+// ask for more; a slot's contents stay until it grows (cpu::ScratchArena).
 class CountedScratch : public cpu::ScratchArena {
  public:
   explicit CountedScratch(Allocator& alloc) : alloc_(alloc) {}

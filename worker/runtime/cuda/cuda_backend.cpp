@@ -31,6 +31,12 @@ void check_pool(const PoolGeom& g) {
         "window within the padded input)");
 }
 
+// The CPU kernels' check (kernels/cpu/norm_relu_pool.cpp): a window's position fits a byte.
+void check_norm_pool(const NormPoolShape& s) {
+  if (s.n < 1 || s.c < 1 || s.kh < 1 || s.kw < 1 || s.kh * s.kw >= kNoArgmax || s.ho() < 1 || s.wo() < 1)
+    throw std::invalid_argument("cuda bn_relu_max_pool: bad shape (sizes >= 1, kh * kw < 255, a window per plane)");
+}
+
 void check_rect(int h, int w, int row0, int col0, int rows, int cols) {
   if (row0 < 0 || col0 < 0 || rows < 0 || cols < 0 || row0 + rows > h || col0 + cols > w)
     throw std::out_of_range("cuda rect rows [" + std::to_string(row0) + "," + std::to_string(row0 + rows) +
@@ -273,6 +279,42 @@ void CudaBackend::bn_backward_apply(int n, int c, int64_t hw, const float* dy, c
   const size_t cc = size_t(c);
   const auto dev = upload({{host_mean, cc}, {host_invstd, cc}, {host_sum_dy, cc}, {host_sum_dy_xhat, cc}});
   launch_bn_backward_apply(n, c, hw, dy, x, dev[0], dev[1], gamma, dev[2], dev[3], count, dx);
+}
+
+void CudaBackend::bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* host_mean,
+                                           const double* host_invstd, const float* gamma, const float* beta,
+                                           float* y, uint8_t* argmax) {
+  check_norm_pool(s);
+  bind();
+  const auto dev = upload({{host_mean, size_t(s.c)}, {host_invstd, size_t(s.c)}});
+  launch_bn_relu_max_pool_forward(s, x, dev[0], dev[1], gamma, beta, y, argmax);
+}
+
+void CudaBackend::bn_relu_max_pool_backward_sums(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                                 const float* x, const double* host_mean,
+                                                 const double* host_invstd, double* host_sum_dy,
+                                                 double* host_sum_dy_xhat) {
+  check_norm_pool(s);
+  bind();
+  const auto dev = upload({{host_mean, size_t(s.c)}, {host_invstd, size_t(s.c)}});
+  const int blocks = reduce_blocks(int64_t(s.n) * s.ho() * s.wo());
+  double* part = partials_.get_as<double>(size_t(2) * s.c * blocks);
+  launch_bn_relu_max_pool_backward_sums(s, dy, argmax, x, dev[0], dev[1], blocks, part);
+  finish_on_host(part, s.c, blocks, host_sum_dy);
+  finish_on_host(part + size_t(s.c) * blocks, s.c, blocks, host_sum_dy_xhat);
+}
+
+void CudaBackend::bn_relu_max_pool_backward_apply(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                                  const float* x, const double* host_mean,
+                                                  const double* host_invstd, const float* gamma,
+                                                  const double* host_sum_dy, const double* host_sum_dy_xhat,
+                                                  double count, float* dx) {
+  check_norm_pool(s);
+  if (!(count > 0)) throw std::invalid_argument("cuda bn_relu_max_pool_backward_apply: count must be > 0");
+  bind();
+  const size_t cc = size_t(s.c);
+  const auto dev = upload({{host_mean, cc}, {host_invstd, cc}, {host_sum_dy, cc}, {host_sum_dy_xhat, cc}});
+  launch_bn_relu_max_pool_backward_apply(s, dy, argmax, x, dev[0], dev[1], gamma, dev[2], dev[3], count, dx);
 }
 
 void CudaBackend::plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,

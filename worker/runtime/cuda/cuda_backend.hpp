@@ -72,6 +72,16 @@ class CudaBackend final : public ComputeBackend {
   void bn_backward_apply(int n, int c, int64_t hw, const float* dy, const float* x, const double* host_mean,
                          const double* host_invstd, const float* gamma, const double* host_sum_dy,
                          const double* host_sum_dy_xhat, double count, float* dx) override;
+  void bn_relu_max_pool_forward(const NormPoolShape& s, const float* x, const double* host_mean,
+                                const double* host_invstd, const float* gamma, const float* beta, float* y,
+                                uint8_t* argmax) override;
+  void bn_relu_max_pool_backward_sums(const NormPoolShape& s, const float* dy, const uint8_t* argmax, const float* x,
+                                      const double* host_mean, const double* host_invstd, double* host_sum_dy,
+                                      double* host_sum_dy_xhat) override;
+  void bn_relu_max_pool_backward_apply(const NormPoolShape& s, const float* dy, const uint8_t* argmax,
+                                       const float* x, const double* host_mean, const double* host_invstd,
+                                       const float* gamma, const double* host_sum_dy,
+                                       const double* host_sum_dy_xhat, double count, float* dx) override;
   void plane_sq_dev_sum(int n, int c, int64_t hw, const float* x, const double* host_mean,
                         double* host_out) override;
   void plane_affine(int n, int c, int64_t hw, const float* x, const double* host_mean, const double* host_scale,
