@@ -137,11 +137,14 @@ uint64_t StepMemory::lower_bound() const {
     // A backward holds its input and its output where it reads them (LayerTraits), their
     // gradients; one of them where the input gradient takes the output gradient's memory.
     // A chain that may be fused holds at least its input and its gradient (fused_chains),
-    // and without a pool the ReLU's output.
+    // and without a pool the ReLU's output; one of them where the gradient takes the
+    // input's memory (chain_dx_over_input).
+    const std::vector<int> fused = fused_chains(r);
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
       if (z.chain_tail >= 0) {
-        if (makes_input_gradient(m.layers[l])) step = std::max(step, (z.chain_pools ? 2 : 3) * z.owned_in);
+        const uint64_t held = !z.chain_pools ? 3 : chain_dx_over_input(m, r, fused, int(l)) ? 1 : 2;
+        if (makes_input_gradient(m.layers[l])) step = std::max(step, held * z.owned_in);
         l = size_t(z.chain_tail);
       } else if (makes_input_gradient(m.layers[l])) {
         const LayerTraits& t = m.layers[l].kind().traits;

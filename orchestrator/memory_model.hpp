@@ -51,6 +51,7 @@ struct MemoryEstimate {
   uint64_t halo = 0;        // staging of the exchange running at the peak (send + receive)
   uint64_t total = 0;       // the predicted peak device bytes: the sum of the above
   uint64_t host_offload = 0;  // peak of the host pool holding offloaded activations
+  bool validation = false;    // the peak is a validation pass's (estimate_validation_memory), not the step's
 };
 
 // One layer's share of a rank's device memory, by kind: sizes held at some time of the
@@ -81,6 +82,14 @@ int local_batch(const Config& config, int groups);
 // tile live at the peak, transient a gathered or halo-extended input.
 MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& plan, int rank, Inference kind);
 MemoryEstimate estimate_inference_memory_max(const Config& config, const ShardPlan& plan, Inference kind);
+// Validation inside a training run (worker/run/trainer.cpp evaluates between steps): what
+// the step holds from step to step (its Hold: weights, gradients, optimizer state, conv
+// scratch, the next tiles) stays, and the evaluate schedule's operations after its own
+// Hold run on top. One scratch serves both: oneDNN's arena holds the larger of each slot
+// (merged_conv_scratch_bytes); on CUDA the cuDNN workspace and the padded copy the step
+// left, grown to the evaluate forward's where that is larger. validation is set.
+MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, int rank,
+                                          const LayerPolicies& policies);
 int node_of(const Config& config, int rank);          // rank / devices_per_node
 int local_device_of(const Config& config, int rank);  // rank % devices_per_node
 

@@ -31,8 +31,9 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // backward reads them (restored for it), with the output gradient and the new input
   // gradient (in the same memory where LayerTraits::backward_in_place), beside the image
   // tile and targets; a chain that may be fused (step_schedule.hpp chain_in_model), its
-  // input and the input's gradient, and without a pool the ReLU's output. Owned tiles
-  // partition the image, so some rank holds at least 1/S of the whole image's sizes.
+  // input and the input's gradient (one of them where the chain alone reads its input:
+  // chain_dx_over_input), and without a pool the ReLU's output. Owned tiles partition the
+  // image, so some rank holds at least 1/S of the whole image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
   const auto whole = [&](const Shape3& sh) { return uint64_t(sh.elements()) * b * sizeof(float); };
@@ -41,7 +42,9 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
     const LayerSpec& spec = m.layers[l];
     const uint64_t in = whole(spec.in), out = whole(spec.out);
     if (const int tail = chain_in_model(config, m, l); tail >= 0) {
-      if (l >= 1) scaled = std::max(scaled, whole(m.input) + (tail == l + 1 ? 3 : 2) * in);
+      const int t = spec.inputs[0];
+      const uint64_t held = tail == l + 1 ? 3 : t > 0 && m.readers[size_t(t)] == std::vector<int>{l} ? 1 : 2;
+      if (l >= 1) scaled = std::max(scaled, whole(m.input) + held * in);
       l = tail;
       continue;
     }
@@ -88,13 +91,19 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   return res;
 }
 
-// Every rank's estimate.
+// Every rank's estimate: the training step's, or validation's where the run validates
+// (data.validation: at least at its end) and that is larger.
 std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan,
                                           const LayerPolicies& policies) {
   std::vector<MemoryEstimate> v;
   for (int r = 0; r < plan.world(); ++r) {
     if (r < plan.shards()) {
       v.push_back(estimate_memory(config, plan, r, policies));
+      if (!config.data.validation.empty()) {
+        MemoryEstimate val = estimate_validation_memory(config, plan, r, policies);
+        val.host_offload = v.back().host_offload;  // the step's pool: validation offloads nothing
+        if (val.total > v.back().total) v.back() = val;
+      }
     } else {  // sample groups are copies of group 0
       v.push_back(v[plan.shard_of(r)]);
       v.back().rank = r;

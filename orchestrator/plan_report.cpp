@@ -281,6 +281,8 @@ std::string render_plan_text(const Config& config, const Plan& job) {
   const HaloTraffic t = halo_traffic_total(config, plan, policies);
   line(fmt::format("halo bytes per step (forward + backward, all ranks): intra-node {}, inter-node {}",
                    format_size(t.intra_node), format_size(t.inter_node)));
+  if (job.busiest.validation)
+    line("the peak is validation's (its forward beside what the step holds), not a training step's");
   if (job.fits())
     line(fmt::format("FITS: peak {} of {} per device (rank {})", format_size(job.busiest.total),
                      format_size(budget), job.busiest.rank));

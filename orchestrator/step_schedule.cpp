@@ -334,7 +334,15 @@ class StepWalk {
     const uint64_t dy = at(tail).out;  // the chain's output gradient
     const bool dx = makes_dx(l, 0);
     if (at(l).chain_pools) {
-      if (dx) alloc(K::Transient, at(l).owned_in);
+      if (dx && chain_dx_over_input(m_, z_, fused_, l)) {
+        // The input's memory passes to its gradient (BatchNorm's backward_chain): counted
+        // as a gradient from here, and its maker's backward has nothing to free.
+        release(K::Activations, act_bytes(t));
+        alloc(K::Transient, act_bytes(t));
+        where_[t] = Where::Freed;
+      } else if (dx) {
+        alloc(K::Transient, at(l).owned_in);
+      }
       release(K::Transient, dy);
       release(K::Activations, at(l).argmax);
     } else {
@@ -486,6 +494,9 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   walk_training_step(config, plan.model, sizes, policies, gradient, recorder);
   s.fused = fused_chains(sizes);
   s.read_by_backward = read_by_backward(plan.model, sizes, policies);
+  s.dx_over_input.assign(plan.model.layers.size(), 0);
+  for (size_t l = 0; l < s.fused.size(); ++l)
+    if (s.fused[l] == int(l)) s.dx_over_input[l] = chain_dx_over_input(plan.model, sizes, s.fused, int(l));
   return s;
 }
 

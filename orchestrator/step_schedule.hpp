@@ -130,6 +130,12 @@ std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& size
 // (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's
 // backward reads the ReLU's output for its mask).
 bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
+// Whether the pooled chain headed by `head` writes its input gradient over its input (a
+// per-element pass that reads each input value before writing the gradient there; the
+// CPU's and the CUDA kernels): where the chain alone reads the input, which is a layer's
+// output (not the image) whose own backward does not read it. Without a pool the input
+// gradient takes the output gradient's memory instead.
+bool chain_dx_over_input(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int head);
 // What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
 // its layer's policy where it is read again (`read`: read_by_backward), else it goes as
 // under recompute.
@@ -217,6 +223,7 @@ struct StepSchedule {
   std::vector<StepOp> ops;
   std::vector<int> fused;  // training: fused_chains, per layer the head of its chain or -1
   std::vector<char> read_by_backward;  // training: per tensor, read_by_backward
+  std::vector<char> dx_over_input;     // training: per chain head, chain_dx_over_input
 };
 
 // Receives a step's operations as they are walked: the memory model tallies them without

@@ -13,7 +13,12 @@ parallel.device_memory that keep does not fit but auto does, and checks:
 - every rank's measured halo bytes per step equal the plan's;
 - offload uses the host pool and peaks lower on the device than keep;
 - the tight budget is really tight: `plan` says keep DOES NOT FIT and auto FITS, and
-  `train` with keep under it exits non-zero naming parallel.device_memory.
+  `train` with keep under it exits non-zero naming parallel.device_memory;
+- the same training validating (4 images) peaks in its validation, above the step: the
+  plan says so, and predicts that peak to the byte (memory_model.hpp
+  estimate_validation_memory).
+
+The policy runs do not validate, so that the step decides their peaks.
 
 usage: policies_test.py HALOTRAIN WORKDIR
 """
@@ -32,8 +37,8 @@ import checkpoints  # noqa: E402
 BIN, WORK = sys.argv[1], sys.argv[2]
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "demo.yaml")
 STEPS = 5
-TIGHT = "120MiB"  # keep peaks at ~120.9 MiB per rank; auto fits it (~117.1 MiB, recomputing conv2d_1)
-TIGHT_BYTES = 120 * 1024 * 1024
+TIGHT = "80MiB"  # keep peaks at ~83.8 MiB per rank; auto fits it (~72.9 MiB, recomputing conv2d_1)
+TIGHT_BYTES = 80 * 1024 * 1024
 MEMORY_RTOL = 0.10
 RESULTS = []
 
@@ -44,15 +49,16 @@ def check(name, ok, detail=""):
     return ok
 
 
-# The demo's model at the batch this test's budgets were measured with, validating on its
-# own file (validation must not move the peak).
-BATCH = ["--set", "training.batch_size=4"]
+# The demo's model at the batch this test's budgets were measured with, without validation.
+BATCH = ["--set", "training.batch_size=4", "--set", "data.validation="]
 
 
-def sets(tag, policy, budget=None, extra=()):
+def sets(tag, policy, budget=None, extra=(), validate=False):
+    val = os.path.join(WORK, "demo-val.h5") if validate else ""
     out = [f"run_dir={os.path.join(WORK, tag)}", f"data.train={os.path.join(WORK, 'demo.h5')}",
-           f"data.validation={os.path.join(WORK, 'demo-val.h5')}", "training.batch_size=4",
-           "data.synthesize={count: 16, height: 1024, width: 768, channels: 1, classes: 2, validation_count: 4}",
+           f"data.validation={val}", "training.batch_size=4",
+           "data.synthesize={count: 16, height: 1024, width: 768, channels: 1, classes: 2, validation_count: "
+           f"{4 if validate else 0}}}",
            f"training.steps={STEPS}", "checkpoint.resume=never", f"parallel.activations={policy}"]
     if budget:
         out.append(f"parallel.device_memory={budget}")
@@ -159,6 +165,20 @@ def main():
         else:
             check(f"keep peaks above the tight budget {TIGHT}", False,
                   f"keep peaks {[r['peak_device_bytes'] for r in mem['keep']]} B, budget {TIGHT_BYTES} B")
+
+    # Validating: its forward, beside what the step holds, is the peak, predicted to the byte.
+    cmd, p = run(["train", DEMO] + sets("validating", "keep", validate=True))
+    if check("validating: train exits 0", p.returncode == 0, f"exit {p.returncode}; {' '.join(cmd)}\n{p.stderr[-3000:]}"):
+        for r, k in zip(memory("validating"), mem.get("keep", [])):
+            dev, pdev = r["peak_device_bytes"], r["predicted_peak_device_bytes"]
+            print(f"     validating rank {r['rank']}: device peak {dev} B ({mib(dev)}) predicted {pdev} B; "
+                  f"keep's step {k['peak_device_bytes']} B")
+            check(f"validating rank {r['rank']}: device peak == prediction", dev == pdev, f"{dev} vs {pdev} B")
+            check(f"validating rank {r['rank']}: validation peaks above the step", dev > k["peak_device_bytes"],
+                  f"{dev} vs keep's {k['peak_device_bytes']} B")
+    cmd, p = run(["plan", DEMO] + sets("validating", "keep", validate=True))
+    check("validating: plan says the peak is validation's", "the peak is validation's" in p.stdout,
+          f"{' '.join(cmd)}\n{p.stdout[-2000:]}")
 
     # keep under the tight budget: refused, naming parallel.device_memory.
     cmd, p = run(["train", DEMO] + sets("keep-tight", "keep", TIGHT))

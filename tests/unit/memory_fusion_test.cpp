@@ -3,6 +3,8 @@
 // run apart.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <vector>
 
 #include "orchestrator/memory_model.hpp"
@@ -48,7 +50,12 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
   EXPECT_EQ(layer_memory(c, p, rank, keep)[3].activations, 0u);  // the per-layer view agrees
   EXPECT_EQ(events(StepAction::Backward, 2), V{});
-  EXPECT_EQ(events(StepAction::Backward, 1), (V{int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
+  // The conv's output, read by the chain alone, becomes its own gradient (chain_dx_over_input):
+  // counted as a gradient from here, nothing allocated; the conv's backward frees nothing of it.
+  EXPECT_TRUE(s.dx_over_input[1]);
+  EXPECT_EQ(events(StepAction::Backward, 1), (V{-int64_t(x), int64_t(x), -int64_t(pooled), -int64_t(argmax)}));
+  const V conv_back = events(StepAction::Backward, 0);
+  EXPECT_EQ(std::count(conv_back.begin(), conv_back.end(), -int64_t(x)), 1) << "only its output gradient goes";
 
   // The pool's output dropped: the next conv, keeping its extended input on both ranks,
   // reads only that (step_schedule.hpp reads_extended_only), so nothing makes the chain

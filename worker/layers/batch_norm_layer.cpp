@@ -56,7 +56,7 @@ class BatchNormLayer : public Layer {
                                           weight("beta:0"), y.data(), argmax());
     return y;
   }
-  Tensor backward_chain(const Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx) override {
+  Tensor backward_chain(Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x) override {
     check_input(x);
     if (!pools(tail)) {  // the ReLU's and the batch norm's backward in two passes, dx over dy
       if (dy.n() != x.n() || dy.c() != x.c() || dy.h() != x.h() || dy.w() != x.w() || y.size() != dy.size())
@@ -87,7 +87,14 @@ class BatchNormLayer : public Layer {
     if (dy.n() != s.n || dy.c() != s.c || dy.h() != s.ho() || dy.w() != s.wo() || argmax_.empty())
       throw std::logic_error(label() + ": the fused chain's output gradient or argmax does not match its forward");
     Tensor dx;
-    if (need_dx) dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+    float* dxp = nullptr;  // the apply reads each x before it writes dx there: in place is exact
+    if (need_dx && dx_over_x) {
+      x.pass_on();
+      dxp = x.data();
+    } else if (need_dx) {
+      dx = Tensor(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), "input gradient of " + label());
+      dxp = dx.data();
+    }
     gradients(
         x.c(), need_dx,
         [&](double* sum_dy, double* sum_dy_xhat) {
@@ -97,9 +104,9 @@ class BatchNormLayer : public Layer {
         [&](const double* sum_dy, const double* sum_dy_xhat, double count) {
           ctx_.backend.bn_relu_max_pool_backward_apply(s, dy.data(), argmax(), x.data(), mean_.data(),
                                                        invstd_.data(), weight("gamma:0"), sum_dy, sum_dy_xhat,
-                                                       count, dx.data());
+                                                       count, dxp);
         });
-    return dx;
+    return need_dx && dx_over_x ? std::move(x) : std::move(dx);
   }
 
  protected:

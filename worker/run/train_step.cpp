@@ -75,7 +75,7 @@ void Trainer::backward_chain(MicroBatch& a, int l) {
   }
   const bool need_dx = gradient_[size_t(t)];
   Tensor dx = device_->layers[l]->backward_chain(a.device[t], a.device[size_t(tail) + 1], std::move(a.grads[l + 1]),
-                                                 tail, need_dx);
+                                                 tail, need_dx, schedule_.dx_over_input[size_t(l)]);
   device_->layers[l]->release_saved();
   a.device[size_t(tail) + 1].release();  // a pooled chain's went at the pool
   if (need_dx) add_gradient(a, t, std::move(dx));

@@ -91,6 +91,12 @@ void* Allocator::allocate(size_t bytes, const std::string& what) {
   return p;
 }
 
+void Allocator::pass_on(size_t bytes) {
+  if (!observer_ || !bytes) return;
+  observer_->allocation(-int64_t(bytes));
+  observer_->allocation(int64_t(bytes));
+}
+
 void Allocator::deallocate(void* ptr, size_t bytes) {
   if (!ptr) return;
   in_use_ -= bytes;
@@ -204,6 +210,10 @@ Tensor::~Tensor() { release(); }
 
 void Tensor::zero() {
   if (data_) std::memset(data_, 0, bytes());
+}
+
+void Tensor::pass_on() {
+  if (data_ && alloc_) alloc_->pass_on(bytes());
 }
 
 void Tensor::release() {

@@ -50,6 +50,10 @@ class Allocator {
   // `what` names the owner (a layer, "optimizer state", ...) for the error message.
   void* allocate(size_t bytes, const std::string& what);
   void deallocate(void* ptr, size_t bytes);
+  // `bytes` in use change owners (an input becomes its own gradient): nothing is freed or
+  // allocated; the observer sees them freed and allocated again, as the step schedule
+  // counts them (from one kind of memory to another).
+  void pass_on(size_t bytes);
   // Returns every cached block to the system (state recycle, before a large allocation
   // elsewhere). Blocks in use are untouched.
   void release_cached();
@@ -106,6 +110,7 @@ class Tensor {
   bool empty() const { return data_ == nullptr; }
   void zero();
   void release();  // frees now
+  void pass_on();  // Allocator::pass_on of its memory
 
  private:
   Allocator* alloc_ = nullptr;
