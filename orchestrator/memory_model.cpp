@@ -203,8 +203,9 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       const LayerSizes& head = sizes.layers[size_t(fused[size_t(l)])];
       if (fused[size_t(l)] == l) {
         x.activations = z.argmax;
-        x.transient = sizes.layers[size_t(z.chain_tail)].out +
-                      (makes_input_gradient(L) && z.chain_pools ? z.owned_in : 0);
+        // The input gradient: over the input where the chain alone reads it (chain_dx_over_input).
+        const bool own = z.chain_pools && !chain_dx_over_input(m, sizes, fused, int(l));
+        x.transient = sizes.layers[size_t(z.chain_tail)].out + (makes_input_gradient(L) && own ? z.owned_in : 0);
       } else if (head.chain_tail == l) {
         const ActivationPolicy p = stored_as(read, policies, l + 1);
         if (p == ActivationPolicy::Offload) x.offloaded = z.out;

@@ -20,6 +20,16 @@ struct SearchResult {
   uint64_t fixed = 0;  // params + grads + optimizer: no grid shrinks them
 };
 
+// What a training run needs on its busiest rank under these policies: the step's peak, or
+// validation's where the run validates and that is larger (estimate_validation_memory).
+uint64_t run_peak(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
+  uint64_t peak = estimate_memory_max(config, plan, policies).total;
+  if (!config.data.validation.empty())
+    for (int r = 0; r < plan.shards(); ++r)
+      peak = std::max(peak, estimate_validation_memory(config, plan, r, policies).total);
+  return peak;
+}
+
 SearchResult search(const Config& config, const ModelSpec& model, int groups, int max_shards) {
   SearchResult res;
   res.fixed = replicated_bytes(config, model);
@@ -70,7 +80,7 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
         continue;
       }
       const LayerPolicies policies = activation_policies(config, plan);
-      const uint64_t total = estimate_memory_max(config, plan, policies).total;
+      const uint64_t total = run_peak(config, plan, policies);
       if (!res.planned_any || total < res.min_total) {
         res.min_total = total;
         res.min_grid = {r, c};
@@ -123,7 +133,8 @@ std::string fit_verdict(const Config& config, const ShardPlan& plan, const Memor
       format_size(e.total), format_size(e.params), format_size(e.grads), format_size(e.optimizer),
       format_size(e.activations), format_size(e.transient), format_size(e.halo), format_size(e.input),
       format_size(e.workspace), format_size(budget),
-      config.parallel.activations == ActivationPolicy::Auto
+      e.validation ? " (in validation: its forward beside what the step holds, whatever the activation policies)"
+      : config.parallel.activations == ActivationPolicy::Auto
           ? " (parallel.activations: auto found no mix of keep, offload and recompute that fits)"
           : fmt::format(" (parallel.activations: {})", to_string(config.parallel.activations)));
   // Micro-batches shrink the activations without another device.
@@ -132,7 +143,7 @@ std::string fit_verdict(const Config& config, const ShardPlan& plan, const Memor
     if (per_group % k != 0) continue;
     Config micro = config;
     micro.training.accumulate = k;
-    if (estimate_memory_max(micro, plan, activation_policies(micro, plan)).total <= budget) {
+    if (run_peak(micro, plan, activation_policies(micro, plan)) <= budget) {
       msg += fmt::format("training.accumulate: {} fits on this grid (micro-batches of {} image{} per group); or ", k,
                          per_group / k, per_group / k == 1 ? "" : "s");
       break;
@@ -240,7 +251,7 @@ HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan) {
 }
 
 bool plan_fits(const Config& config, const ShardPlan& plan) {
-  return estimate_memory_max(config, plan).total <= config.parallel.device_memory;
+  return run_peak(config, plan, activation_policies(config, plan)) <= config.parallel.device_memory;
 }
 
 }  // namespace ht

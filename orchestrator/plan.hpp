@@ -70,6 +70,6 @@ MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int 
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan);
 HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank);
 HaloTraffic halo_traffic_total(const Config& config, const ShardPlan& plan);
-bool plan_fits(const Config& config, const ShardPlan& plan);  // every rank within device_memory
+bool plan_fits(const Config& config, const ShardPlan& plan);  // every rank within device_memory, validation included
 
 }  // namespace ht

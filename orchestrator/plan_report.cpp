@@ -328,11 +328,12 @@ std::string render_plan_json(const Config& config, const Plan& job) {
         "\"rows\": [{}, {}], \"cols\": [{}, {}], "
         "\"memory\": {{\"params\": {}, \"grads\": {}, \"optimizer\": {}, \"input\": {}, \"activations\": {}, "
         "\"transient\": {}, \"halo\": {}, \"workspace\": {}, \"total\": {}}}, "
-        "\"peak_device_bytes\": {}, \"host_pool_bytes\": {}, \"fits\": {}, "
+        "\"peak_device_bytes\": {}, \"peak_in_validation\": {}, \"host_pool_bytes\": {}, \"fits\": {}, "
         "\"halo_bytes_per_step\": {{\"intra_node\": {}, \"inter_node\": {}}}}}{}\n",
         r, node_of(config, r), local_device_of(config, r), plan.group_of(r), plan.grid_row_of(r),
         plan.grid_col_of(r), t.rows.lo, t.rows.hi, t.cols.lo, t.cols.hi, e.params, e.grads, e.optimizer,
-        e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total, e.host_offload,
+        e.input, e.activations, e.transient, e.halo, e.workspace, e.total, e.total,
+        e.validation ? "true" : "false", e.host_offload,
         rank_fits(config, job, e) ? "true" : "false", h.intra_node, h.inter_node, i + 1 < est.size() ? "," : "");
   }
   s += "  ],\n";

@@ -374,6 +374,37 @@ TEST(MemoryModel, PerPixelLossesAddTheMaskTile) {
   EXPECT_EQ(e.input, 2 * (2ull * 4 * 32 * 24 * 4));
 }
 
+// A run that validates needs what its validation does where that is more than the step
+// (inference runs batch norm, ReLU and pool apart, beside what the step holds): the plan's
+// peak, its verdict, plan_fits and the grid search all take it.
+TEST(MemoryModel, ValidationPeakCountsWhereItIsLarger) {
+  Config c = classifier();
+  // The demo's first block: a 4x4 pool after the fused chain, which is then the step's peak.
+  c.model.layers[3] = layer("max_pool2d", {{"pool", int64_t(4)}, {"stride", int64_t(4)}});
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {1, 1});
+  const uint64_t step = estimate_memory_max(c, p).total;
+  EXPECT_FALSE(make_plan(c, p).busiest.validation);  // no validation: the step's
+  c.data.validation = "val.h5";
+  const MemoryEstimate val = estimate_validation_memory(c, p, 0, activation_policies(c, p));
+  ASSERT_GT(val.total, step) << "the test wants a validation above the step";
+  const Plan plan = make_plan(c, p);
+  EXPECT_TRUE(plan.busiest.validation);
+  EXPECT_EQ(plan.busiest.total, val.total);
+  EXPECT_EQ(plan.busiest.params, val.params);
+  c.parallel.device_memory = (step + val.total) / 2;
+  EXPECT_FALSE(plan_fits(c, p));
+  const Plan refused = make_plan(c, p);
+  EXPECT_NE(refused.verdict.find("in validation"), std::string::npos) << refused.verdict;
+  const auto g = smallest_fitting_grid(c, m);
+  ASSERT_TRUE(g.has_value());
+  EXPECT_GT(g->rows * g->cols, 1);
+  EXPECT_TRUE(plan_fits(c, make_shard_plan(m, *g)));
+  EXPECT_NE(refused.verdict.find("smallest grid that fits: [" + std::to_string(g->rows) + ", " + std::to_string(g->cols) + "]"),
+            std::string::npos)
+      << refused.verdict;
+}
+
 TEST(MemoryModel, AutoGridPicksTheSmallestThatFits) {
   Config c = classifier();
   const ModelSpec m = build_model_spec(c);
