@@ -81,28 +81,13 @@ int local_batch(const Config& config, int groups) {
 
 int local_batch(const Config& config, const ShardPlan& plan) { return local_batch(config, plan.groups); }
 
-namespace {
-
-cpu::ConvScratch conv_scratch_slots(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
+uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
+  if (config.parallel.backend != Backend::CPU) return 0;
   use_cpu_isa(config);
   const int threads = threads_per_rank(config, plan.world());
   cpu::ConvScratch need;
   for (const ShardConv& c : shard_convs(plan, rank, local_batch(config, plan), use))
     need.include(cpu::dnnl_conv_scratch(c.geom, c.passes, threads));
-  return need;
-}
-
-}  // namespace
-
-uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
-  if (config.parallel.backend != Backend::CPU) return 0;
-  return conv_scratch_slots(config, plan, rank, use).total();
-}
-
-uint64_t merged_conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank) {
-  if (config.parallel.backend != Backend::CPU) return 0;
-  cpu::ConvScratch need = conv_scratch_slots(config, plan, rank, ConvUse::Training);
-  need.include(conv_scratch_slots(config, plan, rank, ConvUse::Inference));
   return need.total();
 }
 

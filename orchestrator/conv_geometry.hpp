@@ -37,9 +37,6 @@ std::vector<ShardConv> shard_convs(const ShardPlan& plan, int rank, int batch, C
 // convolutions at the local batch, with the threads each worker runs (kernels/cpu/
 // threads.hpp); 0 on the CUDA backend (its workspace is counted apart).
 uint64_t conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank, ConvUse use);
-// The scratch of training and inference on `rank` in one arena (validation during
-// training): per slot the larger of the two.
-uint64_t merged_conv_scratch_bytes(const Config& config, const ShardPlan& plan, int rank);
 
 // The CPU threads of each rank: parallel.threads, or for auto this machine's share for the
 // `in_process` ranks of one process (the ranks on the node under mpirun or srun). The

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "orchestrator/conv_geometry.hpp"
 #include "orchestrator/step_schedule.hpp"
 
 namespace ht {
@@ -32,9 +31,7 @@ MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan&
   v.rank = rank;
   v.ops.push_back(step.ops.at(0));  // the step's Hold
   StepOp grown{StepAction::Hold, -1, {}};
-  const int64_t scratch = int64_t(merged_conv_scratch_bytes(config, plan, rank)) -
-                          int64_t(conv_scratch_bytes(config, plan, rank, ConvUse::Training));
-  const int64_t workspace = std::max(later_workspace(step), later_workspace(eval)) + scratch;
+  const int64_t workspace = std::max(later_workspace(step), later_workspace(eval));
   if (workspace > 0) grown.events.push_back({MemoryKind::Workspace, workspace});
   v.ops.push_back(grown);
   for (size_t i = 1; i < eval.ops.size(); ++i) {

@@ -85,9 +85,10 @@ MemoryEstimate estimate_inference_memory_max(const Config& config, const ShardPl
 // Validation inside a training run (worker/run/trainer.cpp evaluates between steps): what
 // the step holds from step to step (its Hold: weights, gradients, optimizer state, conv
 // scratch, the next tiles) stays, and the evaluate schedule's operations after its own
-// Hold run on top. One scratch serves both: oneDNN's arena holds the larger of each slot
-// (merged_conv_scratch_bytes); on CUDA the cuDNN workspace and the padded copy the step
-// left, grown to the evaluate forward's where that is larger. validation is set.
+// Hold run on top. One scratch serves both: oneDNN's arena, sized for the step's passes,
+// holds the forward's (the same convs at the same batch); on CUDA the cuDNN workspace and
+// the padded copy the step left, grown to the evaluate forward's where that is larger.
+// validation is set.
 MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, int rank,
                                           const LayerPolicies& policies);
 int node_of(const Config& config, int rank);          // rank / devices_per_node

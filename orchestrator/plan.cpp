@@ -20,13 +20,31 @@ struct SearchResult {
   uint64_t fixed = 0;  // params + grads + optimizer: no grid shrinks them
 };
 
-// What a training run needs on its busiest rank under these policies: the step's peak, or
-// validation's where the run validates and that is larger (estimate_validation_memory).
+// Every rank's estimate: the training step's, or validation's where the run validates
+// (data.validation: at least at its end) and that is larger.
+std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan,
+                                          const LayerPolicies& policies) {
+  std::vector<MemoryEstimate> v;
+  for (int r = 0; r < plan.world(); ++r) {
+    if (r < plan.shards()) {
+      v.push_back(estimate_memory(config, plan, r, policies));
+      if (!config.data.validation.empty()) {
+        MemoryEstimate val = estimate_validation_memory(config, plan, r, policies);
+        val.host_offload = v.back().host_offload;  // the step's pool: validation offloads nothing
+        if (val.total > v.back().total) v.back() = val;
+      }
+    } else {  // sample groups are copies of group 0
+      v.push_back(v[plan.shard_of(r)]);
+      v.back().rank = r;
+    }
+  }
+  return v;
+}
+
+// What a training run needs on its busiest rank under these policies.
 uint64_t run_peak(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
-  uint64_t peak = estimate_memory_max(config, plan, policies).total;
-  if (!config.data.validation.empty())
-    for (int r = 0; r < plan.shards(); ++r)
-      peak = std::max(peak, estimate_validation_memory(config, plan, r, policies).total);
+  uint64_t peak = 0;
+  for (const MemoryEstimate& e : all_estimates(config, plan, policies)) peak = std::max(peak, e.total);
   return peak;
 }
 
@@ -99,27 +117,6 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
     }
   }
   return res;
-}
-
-// Every rank's estimate: the training step's, or validation's where the run validates
-// (data.validation: at least at its end) and that is larger.
-std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan& plan,
-                                          const LayerPolicies& policies) {
-  std::vector<MemoryEstimate> v;
-  for (int r = 0; r < plan.world(); ++r) {
-    if (r < plan.shards()) {
-      v.push_back(estimate_memory(config, plan, r, policies));
-      if (!config.data.validation.empty()) {
-        MemoryEstimate val = estimate_validation_memory(config, plan, r, policies);
-        val.host_offload = v.back().host_offload;  // the step's pool: validation offloads nothing
-        if (val.total > v.back().total) v.back() = val;
-      }
-    } else {  // sample groups are copies of group 0
-      v.push_back(v[plan.shard_of(r)]);
-      v.back().rank = r;
-    }
-  }
-  return v;
 }
 
 std::string fit_verdict(const Config& config, const ShardPlan& plan, const MemoryEstimate& e) {
