@@ -1,8 +1,10 @@
 // oneDNN's convolution on this machine, in GFLOP/s, through kernels/cpu's DnnlConv2d (the
 // kernel the CPU backend trains with) on plain NCHW tensors, 3x3 'same', with the caller's
 // OpenMP threads. `bench/speed.py` holds halotrain's training step against both figures:
-//   - the ceiling: the forward conv alone at channel counts where oneDNN's blocked kernels
-//     are at their best (one JSON object per geometry);
+//   - the ceiling: the forward conv alone at channel counts where oneDNN's blocked direct
+//     kernels are at their best (one JSON object per geometry); beside it the same conv on
+//     the kernel the step runs (at these channel counts oneDNN's Winograd, where the CPU has
+//     it), in GFLOP/s of the direct convolution's flops;
 //   - with --conv, a model's own convs: each conv's training passes (forward, backward
 //     data unless it is the first layer, backward weights) timed on their own, best call
 //     of each, summed (one JSON object "convs"): what the step would take if everything
@@ -137,11 +139,13 @@ int main(int argc, char** argv) {
     for (const Case& k : {Case{2, 64, 256, 256}, Case{2, 128, 128, 128}, Case{2, 128, 256, 256}}) {
       const ht::ConvGeom g = same3x3(k.n, k.c, k.c, k.h, k.w);
       std::vector<float> x(g.x_size(), 0.5f), w(g.w_size(), 0.01f), b(size_t(g.cout), 0.1f), y(g.y_size());
-      ht::cpu::DnnlConv2d conv(g);
-      const double best = best_seconds(seconds, [&] { conv.forward(x.data(), w.data(), b.data(), y.data()); });
+      ht::cpu::DnnlConv2d direct(g, nullptr, ht::cpu::ConvKernels::OneDnnOnly), step(g);
+      const double best = best_seconds(seconds, [&] { direct.forward(x.data(), w.data(), b.data(), y.data()); });
+      const double on_step = best_seconds(seconds, [&] { step.forward(x.data(), w.data(), b.data(), y.data()); });
       std::printf("{\"n\": %d, \"channels\": %d, \"height\": %d, \"width\": %d, \"threads\": %d, "
-                  "\"best_seconds\": %.6f, \"gflops\": %.2f}\n",
-                  g.n, g.cin, g.hin, g.win, omp_get_max_threads(), best, conv_flops(g) / best / 1e9);
+                  "\"best_seconds\": %.6f, \"gflops\": %.2f, \"step_kernel_gflops\": %.2f, \"winograd\": %s}\n",
+                  g.n, g.cin, g.hin, g.win, omp_get_max_threads(), best, conv_flops(g) / best / 1e9,
+                  conv_flops(g) / on_step / 1e9, step.on_winograd() ? "true" : "false");
     }
     return 0;
   }

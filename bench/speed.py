@@ -5,15 +5,17 @@ throughput, what the process really uses, and how the step grows with the image.
 Every figure is a ratio measured in this one run (`make bench` runs it):
   (1) grid: the conv3 model (bench/models.py: three 3x3 convs, 16-32 channels) at 768 x 768,
       batch 2, on grid 1x1 (one worker, all threads), 2x1 and 2x2 (shard threads of one
-      process sharing the same cores). Goals: 2x1 within 5% of 1x1, 2x2 within 10%.
+      process sharing the same cores). Goals: 2x1 within 2% of 1x1, 2x2 within 4%.
       Runs interleave (1x1, 2x1, 2x2, 1x1, ...) so a drift of the machine hits all alike; each
       ratio is the median over 5 rounds of the round's ratio to its own 1x1 run.
   (2) throughput: the training step in GFLOP/s of the model's counted flops (train_flops:
       conv and dense multiply-adds x 2 in forward and both backwards) against the best
-      forward convolution of oneDNN that `halotrain_conv_throughput` measures in the same
-      run (3x3, 64-128 channels). Goal: >= 60%, for the seed model at 1024 x 1024 and the
-      demo model at 1024 x 768. Beside it, PyTorch's best forward conv2d on the same shapes
-      and threads, and the step's ratio to that.
+      forward convolution of oneDNN's direct kernels that `halotrain_conv_throughput`
+      measures in the same run (3x3, 64-128 channels; beside it the same convs on the kernel
+      the step runs, Winograd's where the CPU has it, counted in the direct flops). Goals:
+      >= 0.40 for the seed model at 1024 x 1024, >= 0.15 for the demo model at 1024 x 768;
+      the conv3 model's step <= 0.75 of torch's. Beside it, PyTorch's best forward conv2d
+      on the same shapes and threads, and the step's ratio to that.
   (3) memory: every halotrain run's process peak RSS (getrusage of the child: all shards)
       against its tracked peaks (memory.csv, summed over the shards of the process).
       Goal: RSS <= 1.25 x tracked + 256 MiB (the allocator's cache may hold up to a quarter
@@ -215,7 +217,7 @@ def main():
               "",
               "| grid | shard threads x OpenMP threads | median step [runs] | vs 1x1 | goal | vs torch |",
               "|---|---|---|---|---|---|"]
-    goals = {(1, 1): None, (2, 1): 1.05, (2, 2): 1.10}
+    goals = {(1, 1): None, (2, 1): 1.02, (2, 2): 1.04}
     for g in grids:
         P = g[0] * g[1]
         ratio = statistics.median(a["median"] / b["median"] for a, b in zip(runs[g], runs[(1, 1)]))
@@ -234,9 +236,12 @@ def main():
     torch_ceiling = run_torch_conv([(c["n"], c["channels"], c["height"], c["width"]) for c in ceiling], T)
     torch_best = max(c["gflops"] for c in torch_ceiling)
     lines += ["### (2) Training step throughput against oneDNN's forward convolution", "",
-              "oneDNN forward conv, 3x3 'same', NCHW in and out (DnnlConv2d), best call: " +
+              "oneDNN's direct forward conv, 3x3 'same', NCHW in and out (DnnlConv2d), best call: " +
               ", ".join(f"{c['n']}x{c['channels']}x{c['height']}x{c['width']} {c['gflops']:.1f} GFLOP/s"
-                        for c in ceiling) + f"; ceiling {best:.1f} GFLOP/s.", "",
+                        for c in ceiling) + f"; ceiling {best:.1f} GFLOP/s. On the step's kernel "
+              "(direct flops counted): " +
+              ", ".join(f"{c['step_kernel_gflops']:.1f}{' (Winograd)' if c['winograd'] else ''}" for c in ceiling) +
+              " GFLOP/s.", "",
               f"PyTorch's conv2d on the same shapes ({T} threads, best call): " +
               ", ".join(f"{c['gflops']:.1f}" for c in torch_ceiling) + f" GFLOP/s; its best {torch_best:.1f} "
               "GFLOP/s (the last column's yardstick).", "",
@@ -256,12 +261,18 @@ def main():
         t = run_torch(model, data, batch, T)
         gflop = train_flops(MODELS[model], h, w) * batch / 1e9
         rate = gflop / r["median"]
-        good = rate >= 0.6 * best
+        if model == "conv3":  # the goal is against torch's step
+            good = r["median"] <= 0.75 * t
+            goal = f"step <= 0.75 x torch's {'ok' if good else 'MISSED'}"
+        else:
+            floor = {"seed": 0.40, "demo": 0.15}[model]
+            good = rate >= floor * best
+            goal = f">= {floor:.2f} {'ok' if good else 'MISSED'}"
         ok &= good
         per_conv[model] = each_conv(args, model, h, w, batch)
         alone = convs_alone(per_conv[model])
         lines.append(f"| {model} | {h}x{w}, {batch} | {gflop:.2f} | {r['median']:.3f} s | {rate:.1f} | "
-                     f"{rate / best:.2f} | >= 0.60 {'ok' if good else 'MISSED'} | {alone:.1f}, {alone / best:.2f} | "
+                     f"{rate / best:.2f} | {goal} | {alone:.1f}, {alone / best:.2f} | "
                      f"{gflop / t:.1f}, {gflop / t / best:.2f} | {r['median'] / t:.2f} | {rate / torch_best:.2f} |")
     lines += ["", "Where the convs alone stand: each conv of the model, its training passes timed alone on the "
               "step's kernels (forward, backward data unless it reads the image, backward weights).", "",

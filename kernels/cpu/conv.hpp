@@ -67,8 +67,9 @@ ConvScratch dnnl_conv_scratch(const ConvGeom& g, unsigned passes, int threads);
 // at most 16 input channels run the passes where they measured faster on the
 // register-blocked kernels of conv_small.hpp, and with one input channel the weight
 // gradient runs the loops above: faster there than oneDNN's padded 16-channel blocks.
+// With 32 channels and more in and out they run oneDNN's Winograd kernels where it has them.
 // Which kernels a DnnlConv2d runs: for each pass the fastest measured for its geometry
-// (the default), or oneDNN's alone (what the benchmarks hold the others against).
+// (the default), or oneDNN's direct ones alone (what the benchmarks hold the others against).
 enum class ConvKernels { Fastest, OneDnnOnly };
 
 class DnnlConv2d {
@@ -92,6 +93,9 @@ class DnnlConv2d {
 
   // dnnl_conv_scratch() of this geometry at the calling thread's thread count.
   ConvScratch scratch_need(unsigned passes) const;
+  // The passes run so far on oneDNN's Winograd kernels (3x3 stride 1, 32 channels and more
+  // in and out, on CPUs where oneDNN has them).
+  unsigned on_winograd() const;
 
  private:
   struct Impl;

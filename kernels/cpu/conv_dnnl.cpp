@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <map>
@@ -21,6 +22,7 @@
 
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/conv_small.hpp"
+#include "kernels/cpu/dnnl_isa.hpp"
 #include "kernels/cpu/host_memory.hpp"
 
 namespace ht::cpu {
@@ -66,31 +68,83 @@ ScratchArena& thread_scratch() {
 
 // One tensor argument: the caller's plain layout and the primitive's layout, with the
 // reorder between them when they differ.
+// An input may be framed: the primitive's tensor is larger, zero around the user's, which
+// sits at `offset` (the padded backward of DnnlConv2d::Impl).
 struct Port {
   memory::desc user, prim;
+  memory::dims offset;  // empty: the same dims
   std::optional<dnnl::reorder> to_prim, to_user;
 
-  void init(const dnnl::engine& eng, const memory::desc& u, const memory::desc& p, bool output) {
+  void init(const dnnl::engine& eng, const memory::desc& u, const memory::desc& p, bool output,
+            const memory::dims& frame_offset = {}) {
     user = u;
     prim = p;
+    offset = frame_offset;
     to_prim.reset();
     to_user.reset();
+    if (!offset.empty()) {
+      to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, p.submemory_desc(u.dims(), offset)));
+      return;
+    }
     if (u == p) return;
     if (output)
       to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p, eng, u));
     else
       to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, p));
   }
-  size_t extra_bytes() const { return user == prim ? 0 : prim.get_size(); }
+  size_t extra_bytes() const { return to_prim || to_user ? prim.get_size() : 0; }
 
   // Memory the primitive reads: the user's buffer, or a reordered copy in `slot`.
   memory in(const dnnl::engine& eng, dnnl::stream& s, const float* p, ScratchArena& arena, int slot) const {
     memory um(user, eng, const_cast<float*>(p));
     if (!to_prim) return um;
     memory pm(prim, eng, arena.get(slot, prim.get_size()));
+    if (!offset.empty()) {
+      zero_frame(static_cast<float*>(pm.get_data_handle()));
+      memory interior(prim.submemory_desc(user.dims(), offset), eng, pm.get_data_handle());
+      to_prim->execute(s, um, interior);
+      return pm;
+    }
     to_prim->execute(s, um, pm);
     return pm;
   }
+  // Zeroes the framed tensor outside the user's interior. A framed layout is NCHW with at
+  // most an inner block of channels (what oneDNN's convolutions take): each (n, channel
+  // block, h, w) holds one contiguous block.
+  void zero_frame(float* base) const {
+    const dnnl_memory_desc_t& d = prim.data;
+    const auto& blk = d.format_desc.blocking;
+    if (d.format_kind != dnnl_blocked || d.ndims != 4 || blk.inner_nblks > 1 ||
+        (blk.inner_nblks == 1 && blk.inner_idxs[0] != 1))
+      throw std::logic_error("DnnlConv2d: a framed tensor in a layout other than channel blocks");
+    const memory::dim inner = blk.inner_nblks ? blk.inner_blks[0] : 1;
+    const memory::dim n = d.padded_dims[0], cb = d.padded_dims[1] / inner, h = d.padded_dims[2],
+                      w = d.padded_dims[3];
+    const memory::dims& in = user.dims();
+    const memory::dim top = offset[2], bottom = offset[2] + in[2], left = offset[3], right = offset[3] + in[3];
+    const auto* st = blk.strides;
+    const bool rows_dense = st[3] == inner && st[2] == w * inner;
+    for (memory::dim i = 0; i < n; ++i)
+      for (memory::dim c = 0; c < cb; ++c) {
+        float* plane = base + d.offset0 + i * st[0] + c * st[1];
+        auto zero = [&](memory::dim y, memory::dim x0, memory::dim x1) {
+          if (rows_dense) {
+            std::memset(plane + y * st[2] + x0 * inner, 0, sizeof(float) * size_t((x1 - x0) * inner));
+            return;
+          }
+          for (memory::dim x = x0; x < x1; ++x) std::memset(plane + y * st[2] + x * st[3], 0, sizeof(float) * inner);
+        };
+        for (memory::dim y = 0; y < h; ++y) {
+          if (y < top || y >= bottom) {
+            zero(y, 0, w);
+          } else {
+            zero(y, 0, left);
+            zero(y, right, w);
+          }
+        }
+      }
+  }
+
   // Memory the primitive writes; finish() copies it to the user's buffer.
   memory out(const dnnl::engine& eng, float* p, ScratchArena& arena, int slot) const {
     if (!to_user) return memory(user, eng, p);
@@ -105,6 +159,37 @@ struct Port {
 
 }  // namespace
 
+// The passes that run oneDNN's Winograd F(4x4, 3x3) kernels rather than its direct ones:
+// 3x3 stride-1 convolutions with at least 32 channels in and out, on AVX-512 (oneDNN has
+// no f32 Winograd below it). Measured pass by pass on 2 cores (best of 5; milliseconds
+// direct / Winograd): 2x32x768^2 32->32 forward 56.6 / 44.5, data 60.6 / 45.9, weights
+// 68.7 / 51.8; 2x64x256^2 64->64 24.7 / 16.1, 27.1 / 15.7, 30.8 / 22.6; 2x128x32^2
+// 128->128 1.5 / 1.1, 1.7 / 1.1, 1.8 / 0.8. With 16 input channels it won at some image
+// sizes and lost up to 1.5x at others (16->32 at 512^2: forward 13.0 / 19.1), and with
+// 8-16 it lost. Its scratchpad is tiled for the cache (under 10 MB at every size above).
+// It rounds differently from the direct kernels (its transforms), within float tolerance.
+//
+// oneDNN blocks a pass's 4x4 tiles (n x ceil(h / 4) x ceil(w / 4) of the tensor it writes)
+// by a divisor of their count; where the count has none from 8 to 28 (a shard of 385 x 385:
+// 2 x 97 x 97) Winograd took 1.25-3x the direct kernels' time, one thread, 32 -> 32, and
+// 0.56-0.72 elsewhere (the weight gradient 0.94-1.03 at some counts with such divisors).
+// Such a pass stays direct.
+static bool winograd_tiles_block(long n, long h, long w) {
+  const long tiles = n * ((h + 3) / 4) * ((w + 3) / 4);
+  for (long d = 8; d <= 28; ++d)
+    if (tiles % d == 0) return true;
+  return false;
+}
+static unsigned winograd_passes(const ConvGeom& g) {
+  if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
+      g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core"))
+    return 0;
+  unsigned passes = 0;
+  if (winograd_tiles_block(g.n, g.hout(), g.wout())) passes |= kConvForward | kConvBackwardWeights;
+  if (winograd_tiles_block(g.n, g.hin, g.win)) passes |= kConvBackwardData;
+  return passes;
+}
+
 struct DnnlConv2d::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   ScratchArena* arena;
@@ -112,6 +197,9 @@ struct DnnlConv2d::Impl {
   int nthr = -1;
   memory::desc x_md, w_md, b_md, y_md;
   memory::dims strides, dilates, pad_l, pad_r;
+  // The data gradient's problem: the forward's, or framed (frame_data_gradient).
+  memory::desc dy_md;
+  memory::dims bpad_l, bpad_r, frame;  // frame: dy's offset in the framed dy; empty: not framed
 
   struct Fwd {
     dnnl::convolution_forward prim;
@@ -128,7 +216,9 @@ struct DnnlConv2d::Impl {
     Port x, dy, dw;
     size_t pad = 0;
   };
-  std::optional<dnnl::convolution_forward::primitive_desc> hint;
+  unsigned winograd = 0;        // the passes to build on oneDNN's Winograd kernels where it has them
+  unsigned on_winograd = 0;     // those built so
+  std::optional<dnnl::convolution_forward::primitive_desc> hint, data_hint;
   std::optional<Fwd> fwd[2];  // [with bias]
   std::optional<BwdData> bwd_data;
   std::optional<BwdWeights> bwd_w[2];
@@ -145,6 +235,23 @@ struct DnnlConv2d::Impl {
     dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gap, not the step
     pad_l = {g.pad_top, g.pad_left};
     pad_r = {g.pad_bottom, g.pad_right};
+    dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
+  }
+
+  // Where the pads of an axis differ (a shard's halo side), oneDNN 2.6's Winograd data
+  // gradient is wrong; it runs right on the convolution padded alike on both sides by the
+  // larger pad, whose output has the rows or columns dy lacks: dy sits framed by zeros in
+  // it, and zero gradient there adds nothing to dx. The weight gradient stays on the exact
+  // problem (right, and oneDNN's Winograd weight gradient was 1.5x slower at 385 output rows
+  // than at 384), so the two passes reorder dy apart.
+  void frame_data_gradient(const ConvGeom& g) {
+    const int ph = std::max(g.pad_top, g.pad_bottom), pw = std::max(g.pad_left, g.pad_right);
+    if (ph == g.pad_top && ph == g.pad_bottom && pw == g.pad_left && pw == g.pad_right) return;
+    ConvGeom f = g;
+    f.pad_top = f.pad_bottom = ph, f.pad_left = f.pad_right = pw;
+    dy_md = memory::desc({f.n, f.cout, f.hout(), f.wout()}, dt::f32, tag::nchw);
+    bpad_l = bpad_r = {ph, pw};
+    frame = {0, 0, ph - g.pad_top, pw - g.pad_left};
   }
 
   static memory::desc any(const memory::desc& d) {
@@ -173,34 +280,55 @@ struct DnnlConv2d::Impl {
     const int t = omp_get_max_threads();
     if (t == nthr) return;
     nthr = t;
-    hint.reset();
+    hint.reset(), data_hint.reset();
     fwd[0].reset(), fwd[1].reset();
     bwd_data.reset();
     bwd_w[0].reset(), bwd_w[1].reset();
   }
 
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight) {
-    const auto alg = dnnl::algorithm::convolution_direct;
-    const auto pk = dnnl::prop_kind::forward_training;
-    const memory::desc x = act(x_md, eight), y = act(y_md, eight);
-    auto d = bias ? dnnl::convolution_forward::desc(pk, alg, x, any(w_md), b_md, y, strides, dilates,
-                                                    pad_l, pad_r)
-                  : dnnl::convolution_forward::desc(pk, alg, x, any(w_md), y, strides, dilates, pad_l,
-                                                    pad_r);
-    return dnnl::convolution_forward::primitive_desc(d, attr(), eng);
-  }
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias) {
-    if (eight_mod_sixteen(int(y_md.dims()[1]))) {
+  // make(algorithm) with Winograd where `pass` asks for it and oneDNN builds it (f32
+  // Winograd is AVX-512 only), else with the direct kernels.
+  template <class Make>
+  auto with_algorithm(unsigned pass, Make make) {
+    if (winograd & pass) {
       try {
-        return fwd_pd(bias, true);
-      } catch (const dnnl::error&) {  // no 8-block kernel on this CPU: oneDNN's choice
+        auto pd = make(dnnl::algorithm::convolution_winograd);
+        on_winograd |= pass;
+        return pd;
+      } catch (const dnnl::error&) {
       }
     }
-    return fwd_pd(bias, false);
+    return make(dnnl::algorithm::convolution_direct);
   }
-  const dnnl::convolution_forward::primitive_desc& get_hint() {
-    if (!hint) hint = fwd_pd(false);
-    return *hint;
+
+  // The forward's problem, or with `backward` the data gradient's (the hint for its).
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool backward) {
+    const auto pk = dnnl::prop_kind::forward_training;
+    const memory::desc x = act(x_md, eight), y = act(backward ? dy_md : y_md, eight);
+    const memory::dims& pl = backward ? bpad_l : pad_l;
+    const memory::dims& pr = backward ? bpad_r : pad_r;
+    auto d = bias ? dnnl::convolution_forward::desc(pk, alg, x, any(w_md), b_md, y, strides, dilates, pl, pr)
+                  : dnnl::convolution_forward::desc(pk, alg, x, any(w_md), y, strides, dilates, pl, pr);
+    return dnnl::convolution_forward::primitive_desc(d, attr(), eng);
+  }
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool backward = false) {
+    return with_algorithm(backward ? kConvBackwardData : kConvForward,
+                          [&](dnnl::algorithm alg) {
+                            if (eight_mod_sixteen(int(y_md.dims()[1]))) {
+                              try {
+                                return fwd_pd(bias, true, alg, backward);
+                              } catch (const dnnl::error&) {  // no 8-block kernel on this CPU
+                              }
+                            }
+                            return fwd_pd(bias, false, alg, backward);
+                          });
+  }
+  // The forward a backward pass's descriptor is hinted with: the weight gradient's the
+  // forward's problem, the data gradient's its own.
+  const dnnl::convolution_forward::primitive_desc& get_hint(bool data_gradient) {
+    auto& h = data_gradient ? data_hint : hint;
+    if (!h) h = fwd_pd(false, data_gradient);
+    return *h;
   }
 
   Fwd& get_fwd(bool bias) {
@@ -219,23 +347,23 @@ struct DnnlConv2d::Impl {
   BwdData& get_bwd_data() {
     sync_threads();
     if (!bwd_data) {
-      auto make = [&](bool eight) {
-        dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, act(x_md, eight),
-                                                any(w_md), act(y_md, eight), strides, dilates, pad_l, pad_r);
-        return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint());
-      };
-      std::optional<dnnl::convolution_backward_data::primitive_desc> made;
-      if (eight_mod_sixteen(int(x_md.dims()[1]))) {
-        try {
-          made = make(true);
-        } catch (const dnnl::error&) {
+      const auto pd = with_algorithm(kConvBackwardData, [&](dnnl::algorithm alg) {
+        auto make = [&](bool eight) {
+          dnnl::convolution_backward_data::desc d(alg, act(x_md, eight), any(w_md), act(dy_md, eight), strides,
+                                                  dilates, bpad_l, bpad_r);
+          return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint(true));
+        };
+        if (eight_mod_sixteen(int(x_md.dims()[1]))) {
+          try {
+            return make(true);
+          } catch (const dnnl::error&) {
+          }
         }
-      }
-      if (!made) made = make(false);
-      const auto& pd = *made;
+        return make(false);
+      });
       bwd_data.emplace(BwdData{
           dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
-      bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false);
+      bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false, frame);
       bwd_data->w.init(eng, w_md, pd.weights_desc(), false);
       bwd_data->dx.init(eng, x_md, pd.diff_src_desc(), true);
     }
@@ -246,13 +374,13 @@ struct DnnlConv2d::Impl {
     sync_threads();
     auto& b = bwd_w[bias];
     if (!b) {
-      const auto alg = dnnl::algorithm::convolution_direct;
-      auto d = bias
-                   ? dnnl::convolution_backward_weights::desc(
-                         alg, any(x_md), any(w_md), b_md, any(y_md), strides, dilates, pad_l, pad_r)
-                   : dnnl::convolution_backward_weights::desc(alg, any(x_md), any(w_md), any(y_md),
-                                                              strides, dilates, pad_l, pad_r);
-      dnnl::convolution_backward_weights::primitive_desc pd(d, attr(), eng, get_hint());
+      const auto pd = with_algorithm(kConvBackwardWeights, [&](dnnl::algorithm alg) {
+        auto d = bias ? dnnl::convolution_backward_weights::desc(alg, any(x_md), any(w_md), b_md, any(y_md),
+                                                                 strides, dilates, pad_l, pad_r)
+                      : dnnl::convolution_backward_weights::desc(alg, any(x_md), any(w_md), any(y_md), strides,
+                                                                 dilates, pad_l, pad_r);
+        return dnnl::convolution_backward_weights::primitive_desc(d, attr(), eng, get_hint(false));
+      });
       b.emplace(BwdWeights{
           dnnl::convolution_backward_weights(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       b->x.init(eng, x_md, pd.src_desc(), false);
@@ -305,9 +433,14 @@ struct DnnlConv2d::Impl {
 DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, ConvKernels kernels) : g_(g), kernels_(kernels) {
   validate(g);
   impl_ = std::make_unique<Impl>(g, arena);
-  if (kernels == ConvKernels::Fastest) small_ = small_conv_passes(g);
+  if (kernels == ConvKernels::Fastest) {
+    small_ = small_conv_passes(g);
+    impl_->winograd = winograd_passes(g) & ~small_;
+    if (impl_->winograd & kConvBackwardData) impl_->frame_data_gradient(g);
+  }
 }
 DnnlConv2d::~DnnlConv2d() = default;
+unsigned DnnlConv2d::on_winograd() const { return impl_->on_winograd; }
 DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;
 

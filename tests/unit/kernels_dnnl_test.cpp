@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/conv_small.hpp"
+#include "kernels/cpu/dnnl_isa.hpp"
 #include "kernels/cpu/loss.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/optim.hpp"
@@ -87,10 +88,24 @@ std::vector<ConvGeom> dnnl_geoms() {
       geom(1, 5, 7, 9, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
       geom(2, 13, 10, 18, 5, 3, 3, 1, 1, 1, 1, 0, 1, 2, 1),
       geom(2, 1, 9, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      // Winograd (32 channels and more in and out, 3x3 stride 1): sizes off its 4x4 output
+      // tiles, a halo's one-sided pads, 8 mod 16 channels, no pad.
+      geom(2, 32, 13, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      geom(1, 48, 10, 9, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 0),
+      geom(1, 40, 7, 11, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      geom(2, 32, 9, 10, 64, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 1, 0, 1),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0),
+      geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 1, 0, 0),
+      geom(1, 32, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
+      geom(1, 32, 12, 12, 32, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2),
   };
   std::mt19937_64 rng(21);
   auto u = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  while (gs.size() < 14) {
+  for (const size_t want = gs.size() + 6; gs.size() < want;) {
     ConvGeom g = geom(u(1, 2), u(1, 20), u(4, 20), u(4, 20), u(1, 20), u(1, 5), u(1, 5), u(1, 3),
                       u(1, 3), u(1, 2), u(1, 2), u(0, 3), u(0, 3), u(0, 3), u(0, 3));
     if (g.hin + g.pad_top + g.pad_bottom >= g.dil_h * (g.kh - 1) + 1 &&
@@ -169,6 +184,43 @@ TEST(DnnlConv2d, SmallChannelKernelsServeTheirGeometries) {
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1)), 0u);    // stride 2
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2)), 0u);    // 5x5
   EXPECT_EQ(small_conv_passes(geom(2, 8, 9, 9, 8, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2)), 0u);    // dilated
+}
+
+// 3x3 stride-1 convolutions with 32 channels and more in and out run every pass on oneDNN's
+// Winograd kernels where this CPU has them (AVX-512); MatchesDoubleReference checks their
+// values on the geometries of dnnl_geoms() that qualify.
+TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
+  auto passes_run = [](const ConvGeom& g, ConvKernels kernels) {
+    std::mt19937_64 rng(5);
+    VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng));
+    VecF dy = to_float(random_vec(g.y_size(), rng)), y(g.y_size()), dx(g.x_size()), dw(g.w_size());
+    DnnlConv2d conv(g, nullptr, kernels);
+    conv.forward(x.data(), w.data(), nullptr, y.data());
+    conv.backward(x.data(), dy.data(), w.data(), dw.data(), nullptr, [&] { return dx.data(); });
+    return conv.on_winograd();
+  };
+  const ConvGeom wide = geom(2, 32, 13, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+  if (!dnnl_isa_reaches("avx512_core")) {
+    EXPECT_EQ(passes_run(wide, ConvKernels::Fastest), 0u) << "oneDNN has f32 Winograd on AVX-512 only";
+    GTEST_SKIP() << "no AVX-512 for oneDNN here: the direct kernels serve every convolution";
+  }
+  EXPECT_EQ(passes_run(wide, ConvKernels::Fastest), kConvAllPasses);
+  // Unequal pads (a shard's halo side): the backward runs framed, as oneDNN 2.6's Winograd
+  // data gradient is wrong there otherwise (MatchesDoubleReference fails without the frame).
+  EXPECT_EQ(passes_run(geom(2, 48, 14, 17, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 0), ConvKernels::Fastest),
+            kConvAllPasses);
+  EXPECT_EQ(passes_run(geom(2, 32, 18, 16, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1), ConvKernels::Fastest),
+            kConvAllPasses);
+  // A pass whose 4x4 tiles (of the tensor it writes) count no divisor from 8 to 28 stays
+  // direct: 29 x 29 tiles of the output, 30 x 30 of the input.
+  EXPECT_EQ(passes_run(geom(1, 32, 118, 118, 32, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0), ConvKernels::Fastest),
+            kConvBackwardData);
+  EXPECT_EQ(passes_run(geom(1, 32, 116, 116, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);
+  EXPECT_EQ(passes_run(wide, ConvKernels::OneDnnOnly), 0u);                                       // the baseline
+  EXPECT_EQ(passes_run(geom(2, 16, 13, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // 16 in
+  EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // 16 out
+  EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // stride 2
+  EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2), ConvKernels::Fastest), 0u);  // 5x5
 }
 
 // A hash of the bits of every pass of one small-channel convolution (uneven pads, output
@@ -250,8 +302,9 @@ class RecordingArena : public ScratchArena {
   void* get(int slot, size_t bytes) override {
     ++calls[slot];
     asked.slot[slot] = std::max(asked.slot[slot], bytes);
-    if (buf[slot].size() < bytes / sizeof(float) + 16) buf[slot].resize(bytes / sizeof(float) + 16);
-    return buf[slot].data();
+    if (buf[slot].size() < bytes / sizeof(float) + 32) buf[slot].resize(bytes / sizeof(float) + 32);
+    // 64-byte aligned, as the worker's tensors and arena are (oneDNN's Winograd needs it).
+    return buf[slot].data() + (64 - reinterpret_cast<uintptr_t>(buf[slot].data()) % 64) % 64 / sizeof(float);
   }
   ConvScratch asked;
   int calls[kScratchSlots] = {};
@@ -267,7 +320,8 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
   for (const ConvGeom& g : {geom(2, 16, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0),
                             geom(1, 8, 17, 15, 16, 3, 3, 2, 2, 1, 1, 0, 1, 1, 1),
                             geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
-                            geom(2, 12, 21, 70, 13, 3, 3, 1, 1, 1, 1, 2, 0, 1, 2)}) {
+                            geom(2, 12, 21, 70, 13, 3, 3, 1, 1, 1, 1, 2, 0, 1, 2),
+                            geom(2, 32, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1)}) {  // framed backward
     for (int threads : {1, 2}) {
       omp_set_num_threads(threads);
       RecordingArena all, forward_only;
