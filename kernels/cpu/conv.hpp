@@ -93,8 +93,9 @@ class DnnlConv2d {
 
   // dnnl_conv_scratch() of this geometry at the calling thread's thread count.
   ConvScratch scratch_need(unsigned passes) const;
-  // The passes run so far on oneDNN's Winograd kernels (3x3 stride 1, 32 channels and more
-  // in and out, on CPUs where oneDNN has them).
+  // The passes whose oneDNN primitives are built on its Winograd kernels (3x3 stride 1, 32
+  // channels and more in and out, on CPUs where oneDNN has them); a pass's primitive is
+  // built by its first call or by scratch_need.
   unsigned on_winograd() const;
 
  private:

@@ -160,8 +160,8 @@ struct Port {
 }  // namespace
 
 // The passes that run oneDNN's Winograd F(4x4, 3x3) kernels rather than its direct ones:
-// 3x3 stride-1 convolutions with at least 32 channels in and out, on AVX-512 (oneDNN has
-// no f32 Winograd below it). Measured pass by pass on 2 cores (best of 5; milliseconds
+// 3x3 stride-1 convolutions with at least 32 channels in and out and pads of at most 1, on
+// AVX-512 (oneDNN has no f32 Winograd below it). Measured pass by pass on 2 cores (best of 5; milliseconds
 // direct / Winograd): 2x32x768^2 32->32 forward 56.6 / 44.5, data 60.6 / 45.9, weights
 // 68.7 / 51.8; 2x64x256^2 64->64 24.7 / 16.1, 27.1 / 15.7, 30.8 / 22.6; 2x128x32^2
 // 128->128 1.5 / 1.1, 1.7 / 1.1, 1.8 / 0.8. With 16 input channels it won at some image
@@ -182,7 +182,8 @@ static bool winograd_tiles_block(long n, long h, long w) {
 }
 static unsigned winograd_passes(const ConvGeom& g) {
   if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
-      g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core"))
+      g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core") ||
+      std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) > 1)  // oneDNN's refuse larger pads
     return 0;
   unsigned passes = 0;
   if (winograd_tiles_block(g.n, g.hout(), g.wout())) passes |= kConvForward | kConvBackwardWeights;
@@ -217,7 +218,7 @@ struct DnnlConv2d::Impl {
     size_t pad = 0;
   };
   unsigned winograd = 0;        // the passes to build on oneDNN's Winograd kernels where it has them
-  unsigned on_winograd = 0;     // those built so
+  unsigned on_winograd = 0;     // the passes whose primitives are built on them
   std::optional<dnnl::convolution_forward::primitive_desc> hint, data_hint;
   std::optional<Fwd> fwd[2];  // [with bias]
   std::optional<BwdData> bwd_data;
@@ -287,13 +288,14 @@ struct DnnlConv2d::Impl {
   }
 
   // make(algorithm) with Winograd where `pass` asks for it and oneDNN builds it (f32
-  // Winograd is AVX-512 only), else with the direct kernels.
+  // Winograd is AVX-512 only), else with the direct kernels. `hint`: a forward made only
+  // to hint a backward pass's descriptor.
   template <class Make>
-  auto with_algorithm(unsigned pass, Make make) {
+  auto with_algorithm(unsigned pass, Make make, bool hint = false) {
     if (winograd & pass) {
       try {
         auto pd = make(dnnl::algorithm::convolution_winograd);
-        on_winograd |= pass;
+        if (!hint) on_winograd |= pass;
         return pd;
       } catch (const dnnl::error&) {
       }
@@ -301,33 +303,35 @@ struct DnnlConv2d::Impl {
     return make(dnnl::algorithm::convolution_direct);
   }
 
-  // The forward's problem, or with `backward` the data gradient's (the hint for its).
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool backward) {
+  // A forward of the forward's problem, or of the data gradient's (the hint for its).
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool data_problem) {
     const auto pk = dnnl::prop_kind::forward_training;
-    const memory::desc x = act(x_md, eight), y = act(backward ? dy_md : y_md, eight);
-    const memory::dims& pl = backward ? bpad_l : pad_l;
-    const memory::dims& pr = backward ? bpad_r : pad_r;
+    const memory::desc x = act(x_md, eight), y = act(data_problem ? dy_md : y_md, eight);
+    const memory::dims& pl = data_problem ? bpad_l : pad_l;
+    const memory::dims& pr = data_problem ? bpad_r : pad_r;
     auto d = bias ? dnnl::convolution_forward::desc(pk, alg, x, any(w_md), b_md, y, strides, dilates, pl, pr)
                   : dnnl::convolution_forward::desc(pk, alg, x, any(w_md), y, strides, dilates, pl, pr);
     return dnnl::convolution_forward::primitive_desc(d, attr(), eng);
   }
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool backward = false) {
-    return with_algorithm(backward ? kConvBackwardData : kConvForward,
+  // `hint`: made only to hint a backward pass's descriptor.
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool data_problem = false, bool hint = false) {
+    return with_algorithm(data_problem ? kConvBackwardData : kConvForward,
                           [&](dnnl::algorithm alg) {
                             if (eight_mod_sixteen(int(y_md.dims()[1]))) {
                               try {
-                                return fwd_pd(bias, true, alg, backward);
+                                return fwd_pd(bias, true, alg, data_problem);
                               } catch (const dnnl::error&) {  // no 8-block kernel on this CPU
                               }
                             }
-                            return fwd_pd(bias, false, alg, backward);
-                          });
+                            return fwd_pd(bias, false, alg, data_problem);
+                          },
+                          hint);
   }
   // The forward a backward pass's descriptor is hinted with: the weight gradient's the
   // forward's problem, the data gradient's its own.
   const dnnl::convolution_forward::primitive_desc& get_hint(bool data_gradient) {
     auto& h = data_gradient ? data_hint : hint;
-    if (!h) h = fwd_pd(false, data_gradient);
+    if (!h) h = fwd_pd(false, data_gradient, true);
     return *h;
   }
 

@@ -89,11 +89,14 @@ std::vector<ConvGeom> dnnl_geoms() {
       geom(2, 13, 10, 18, 5, 3, 3, 1, 1, 1, 1, 0, 1, 2, 1),
       geom(2, 1, 9, 20, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
       // Winograd (32 channels and more in and out, 3x3 stride 1): sizes off its 4x4 output
-      // tiles, a halo's one-sided pads, 8 mod 16 channels, no pad.
+      // tiles, a halo's one-sided pads (the data gradient framed), 8 mod 16 channels (padded
+      // to its 16-blocks, framed too), no pad, pads of 2 (refused: direct).
       geom(2, 32, 13, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
       geom(1, 48, 10, 9, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 0),
       geom(1, 40, 7, 11, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+      geom(2, 40, 9, 10, 40, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
       geom(2, 32, 9, 10, 64, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0),
+      geom(1, 32, 12, 12, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1),
@@ -205,12 +208,15 @@ TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
     GTEST_SKIP() << "no AVX-512 for oneDNN here: the direct kernels serve every convolution";
   }
   EXPECT_EQ(passes_run(wide, ConvKernels::Fastest), kConvAllPasses);
-  // Unequal pads (a shard's halo side): the backward runs framed, as oneDNN 2.6's Winograd
-  // data gradient is wrong there otherwise (MatchesDoubleReference fails without the frame).
+  // Unequal pads (a shard's halo side): the data gradient runs framed, as oneDNN 2.6's
+  // Winograd one is wrong there otherwise (MatchesDoubleReference fails without the frame).
   EXPECT_EQ(passes_run(geom(2, 48, 14, 17, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 0), ConvKernels::Fastest),
             kConvAllPasses);
+  EXPECT_EQ(passes_run(geom(2, 40, 9, 10, 40, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1), ConvKernels::Fastest),
+            kConvAllPasses);  // 8 mod 16 channels
   EXPECT_EQ(passes_run(geom(2, 32, 18, 16, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1), ConvKernels::Fastest),
-            kConvAllPasses);
+            kConvAllPasses);  // no pad rows
+  EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2), ConvKernels::Fastest), 0u);  // pad 2
   // A pass whose 4x4 tiles (of the tensor it writes) count no divisor from 8 to 28 stays
   // direct: 29 x 29 tiles of the output, 30 x 30 of the input.
   EXPECT_EQ(passes_run(geom(1, 32, 118, 118, 32, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0), ConvKernels::Fastest),
@@ -363,6 +369,7 @@ TEST(DnnlConv2d, BackwardReordersDyOnceForBothPasses) {
   } cases[] = {{geom(2, 32, 20, 18, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), true},
                {geom(1, 32, 17, 15, 32, 3, 3, 2, 2, 1, 1, 0, 1, 1, 1), true},
                {geom(2, 24, 20, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false},  // shared on AVX2
+               {geom(2, 32, 20, 18, 48, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1), false},  // framed on AVX-512
                {geom(2, 1, 33, 31, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false},
                {geom(2, 12, 21, 20, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), false}};
   for (const auto& [g, shared] : cases) {
@@ -390,6 +397,10 @@ TEST(DnnlConv2d, BackwardReordersDyOnceForBothPasses) {
     // ctest under ONEDNN_MAX_CPU_ISA=AVX2 runs it too), backward() does not again.
     if (shared && apart_b == 1) {
       EXPECT_EQ(both_arena.calls[kScratchB], before_dx) << ctx << ": dy reordered again";
+    }
+    // A framed data gradient takes dy framed: its own reorder, never the weight gradient's.
+    if (g.pad_top != g.pad_bottom && both.on_winograd() & kConvBackwardData) {
+      EXPECT_EQ(both_arena.calls[kScratchB], before_dx + 1) << ctx << ": the framed dy was not made";
     }
     // Without the weight gradient (a frozen layer), and without dx.
     VecF dx3(g.x_size(), -1.f);
