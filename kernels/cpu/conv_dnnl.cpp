@@ -239,6 +239,14 @@ struct DnnlConv2d::Impl {
     dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
   }
 
+  // oneDNN's Winograd keeps its transforms in the cache, its scratchpad a few MiB, except
+  // where it decides to transform whole tensors: 2x32x741x591 32 -> 64 asked for 770 MB, 14x
+  // its input (the seed case at full resolution, 2 threads). There the direct kernels run:
+  // at most an eighth of the pass's tensors, or 16 MiB.
+  size_t winograd_pad_limit() const {
+    return std::max<size_t>(size_t(16) << 20, (x_md.get_size() + y_md.get_size()) / 8);
+  }
+
   // Where the pads of an axis differ (a shard's halo side), oneDNN 2.6's Winograd data
   // gradient is wrong; it runs right on the convolution padded alike on both sides by the
   // larger pad, whose output has the rows or columns dy lacks: dy sits framed by zeros in
@@ -253,6 +261,13 @@ struct DnnlConv2d::Impl {
     dy_md = memory::desc({f.n, f.cout, f.hout(), f.wout()}, dt::f32, tag::nchw);
     bpad_l = bpad_r = {ph, pw};
     frame = {0, 0, ph - g.pad_top, pw - g.pad_left};
+  }
+  // The data gradient on the direct kernels after all: the exact problem, not framed.
+  void unframe_data_gradient() {
+    winograd &= ~unsigned(kConvBackwardData);
+    dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
+    frame.clear();
+    data_hint.reset();
   }
 
   static memory::desc any(const memory::desc& d) {
@@ -287,16 +302,18 @@ struct DnnlConv2d::Impl {
     bwd_w[0].reset(), bwd_w[1].reset();
   }
 
-  // make(algorithm) with Winograd where `pass` asks for it and oneDNN builds it (f32
-  // Winograd is AVX-512 only), else with the direct kernels. `hint`: a forward made only
-  // to hint a backward pass's descriptor.
+  // make(algorithm) with Winograd where `pass` asks for it, oneDNN builds it (f32
+  // Winograd is AVX-512 only) and its scratchpad is at most winograd_pad_limit(), else with
+  // the direct kernels. `hint`: a forward made only to hint a backward pass's descriptor.
   template <class Make>
   auto with_algorithm(unsigned pass, Make make, bool hint = false) {
     if (winograd & pass) {
       try {
         auto pd = make(dnnl::algorithm::convolution_winograd);
-        if (!hint) on_winograd |= pass;
-        return pd;
+        if (pd.scratchpad_desc().get_size() <= winograd_pad_limit()) {
+          if (!hint) on_winograd |= pass;
+          return pd;
+        }
       } catch (const dnnl::error&) {
       }
     }
@@ -351,20 +368,27 @@ struct DnnlConv2d::Impl {
   BwdData& get_bwd_data() {
     sync_threads();
     if (!bwd_data) {
-      const auto pd = with_algorithm(kConvBackwardData, [&](dnnl::algorithm alg) {
-        auto make = [&](bool eight) {
-          dnnl::convolution_backward_data::desc d(alg, act(x_md, eight), any(w_md), act(dy_md, eight), strides,
-                                                  dilates, bpad_l, bpad_r);
-          return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint(true));
-        };
-        if (eight_mod_sixteen(int(x_md.dims()[1]))) {
-          try {
-            return make(true);
-          } catch (const dnnl::error&) {
+      auto make_pd = [&] {
+        return with_algorithm(kConvBackwardData, [&](dnnl::algorithm alg) {
+          auto make = [&](bool eight) {
+            dnnl::convolution_backward_data::desc d(alg, act(x_md, eight), any(w_md), act(dy_md, eight), strides,
+                                                    dilates, bpad_l, bpad_r);
+            return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint(true));
+          };
+          if (eight_mod_sixteen(int(x_md.dims()[1]))) {
+            try {
+              return make(true);
+            } catch (const dnnl::error&) {
+            }
           }
-        }
-        return make(false);
-      });
+          return make(false);
+        });
+      };
+      auto pd = make_pd();
+      if (!frame.empty() && !(on_winograd & kConvBackwardData)) {  // the frame served Winograd only
+        unframe_data_gradient();
+        pd = make_pd();
+      }
       bwd_data.emplace(BwdData{
           dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false, frame);

@@ -229,6 +229,25 @@ TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2), ConvKernels::Fastest), 0u);  // 5x5
 }
 
+// Where oneDNN's Winograd would transform whole tensors (770 MB of scratchpad for the seed
+// case's 32 -> 64 convolution at full resolution, on this project's 2-core AVX-512 machine)
+// the direct kernels run: a convolution's scratchpad stays within an eighth of its tensors
+// or 16 MiB. Primitives only; nothing of that size is allocated.
+TEST(DnnlConv2d, WinogradNeverTransformsWholeTensors) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (const ConvGeom& g : {geom(2, 32, 741, 591, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                            geom(2, 64, 370, 295, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                            geom(2, 32, 742, 591, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1)}) {
+    DnnlConv2d conv(g);
+    const size_t pad = conv.scratch_need(kConvAllPasses).slot[kScratchPad];
+    const size_t tensors = sizeof(float) * (g.x_size() + g.y_size());
+    EXPECT_LE(pad, std::max<size_t>(size_t(16) << 20, tensors / 8)) << str(g) << ", Winograd passes "
+                                                                     << conv.on_winograd();
+  }
+  omp_set_num_threads(saved);
+}
+
 // A hash of the bits of every pass of one small-channel convolution (uneven pads, output
 // channels outside the register blocks), on the kernels this process runs.
 uint64_t small_conv_bits() {
