@@ -47,6 +47,11 @@ int print_schedule(const Config& config, const Plan& plan, int rank, bool json) 
   const StepSchedule schedule = training_schedule(config, plan.shards, rank, plan.policies);
   std::cout << (json ? render_schedule_json(schedule, plan.model()) + "\n"
                      : render_schedule_text(schedule, plan.model()));
+  const MemoryEstimate& e = plan.ranks[size_t(rank)];
+  if (!json && e.validation)
+    std::cout << fmt::format("the run's peak on rank {}, {}, is validation's (its forward beside what the step "
+                             "holds), not this step's\n",
+                             rank, format_size(e.total));
   return 0;
 }
 

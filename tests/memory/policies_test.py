@@ -179,6 +179,9 @@ def main():
     cmd, p = run(["plan", DEMO] + sets("validating", "keep", validate=True))
     check("validating: plan says the peak is validation's", "the peak is validation's" in p.stdout,
           f"{' '.join(cmd)}\n{p.stdout[-2000:]}")
+    cmd, p = run(["plan", DEMO, "--schedule"] + sets("validating", "keep", validate=True))
+    check("validating: plan --schedule says the step is not the peak", "is validation's" in p.stdout,
+          f"{' '.join(cmd)}\n{p.stdout[-600:]}")
 
     # keep under the tight budget: refused, naming parallel.device_memory.
     cmd, p = run(["train", DEMO] + sets("keep-tight", "keep", TIGHT))
