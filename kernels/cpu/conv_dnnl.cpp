@@ -67,9 +67,9 @@ ScratchArena& thread_scratch() {
 }
 
 // One tensor argument: the caller's plain layout and the primitive's layout, with the
-// reorder between them when they differ.
-// An input may be framed: the primitive's tensor is larger, zero around the user's, which
-// sits at `offset` (the padded backward of DnnlConv2d::Impl).
+// reorder between them when they differ. A port may be framed (the data gradient of
+// DnnlConv2d::Impl): the primitive's tensor is larger, the user's sits in it at `offset`;
+// an input's frame is zeroed, an output's dropped.
 struct Port {
   memory::desc user, prim;
   memory::dims offset;  // empty: the same dims
@@ -83,7 +83,11 @@ struct Port {
     to_prim.reset();
     to_user.reset();
     if (!offset.empty()) {
-      to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, p.submemory_desc(u.dims(), offset)));
+      const memory::desc interior = p.submemory_desc(u.dims(), offset);
+      if (output)
+        to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, interior, eng, u));
+      else
+        to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, interior));
       return;
     }
     if (u == p) return;
@@ -152,7 +156,8 @@ struct Port {
   }
   void finish(const dnnl::engine& eng, dnnl::stream& s, const memory& pm, float* p) const {
     if (!to_user) return;
-    memory um(user, eng, p), src = pm;
+    memory um(user, eng, p);
+    memory src = offset.empty() ? pm : memory(prim.submemory_desc(user.dims(), offset), eng, pm.get_data_handle());
     to_user->execute(s, src, um);
   }
 };
@@ -173,7 +178,8 @@ struct Port {
 // by a divisor of their count; where the count has none from 8 to 28 (a shard of 385 x 385:
 // 2 x 97 x 97) Winograd took 1.25-3x the direct kernels' time, one thread, 32 -> 32, and
 // 0.56-0.72 elsewhere (the weight gradient 0.94-1.03 at some counts with such divisors).
-// Such a pass stays direct.
+// Such a forward or weight gradient stays direct; the data gradient grows dx instead
+// (DnnlConv2d::Impl::frame_data_gradient).
 static bool winograd_tiles_block(long n, long h, long w) {
   const long tiles = n * ((h + 3) / 4) * ((w + 3) / 4);
   for (long d = 8; d <= 28; ++d)
@@ -185,10 +191,8 @@ static unsigned winograd_passes(const ConvGeom& g) {
       g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core") ||
       std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) > 1)  // oneDNN's refuse larger pads
     return 0;
-  unsigned passes = 0;
-  if (winograd_tiles_block(g.n, g.hout(), g.wout())) passes |= kConvForward | kConvBackwardWeights;
-  if (winograd_tiles_block(g.n, g.hin, g.win)) passes |= kConvBackwardData;
-  return passes;
+  // The data gradient's count is frame_data_gradient's to mend.
+  return kConvBackwardData | (winograd_tiles_block(g.n, g.hout(), g.wout()) ? kConvForward | kConvBackwardWeights : 0u);
 }
 
 struct DnnlConv2d::Impl {
@@ -199,8 +203,9 @@ struct DnnlConv2d::Impl {
   memory::desc x_md, w_md, b_md, y_md;
   memory::dims strides, dilates, pad_l, pad_r;
   // The data gradient's problem: the forward's, or framed (frame_data_gradient).
-  memory::desc dy_md;
-  memory::dims bpad_l, bpad_r, frame;  // frame: dy's offset in the framed dy; empty: not framed
+  memory::desc dx_md, dy_md;
+  memory::dims bpad_l, bpad_r;
+  memory::dims frame, dx_frame;  // dy's and dx's offsets in the problem's tensors; empty: not framed
 
   struct Fwd {
     dnnl::convolution_forward prim;
@@ -236,7 +241,7 @@ struct DnnlConv2d::Impl {
     dilates = {g.dil_h - 1, g.dil_w - 1};  // oneDNN counts the gap, not the step
     pad_l = {g.pad_top, g.pad_left};
     pad_r = {g.pad_bottom, g.pad_right};
-    dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
+    dx_md = x_md, dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
   }
 
   // oneDNN's Winograd keeps its transforms in the cache, its scratchpad a few MiB, except
@@ -247,26 +252,45 @@ struct DnnlConv2d::Impl {
     return std::max<size_t>(size_t(16) << 20, (x_md.get_size() + y_md.get_size()) / 8);
   }
 
-  // Where the pads of an axis differ (a shard's halo side), oneDNN 2.6's Winograd data
-  // gradient is wrong; it runs right on the convolution padded alike on both sides by the
-  // larger pad, whose output has the rows or columns dy lacks: dy sits framed by zeros in
-  // it, and zero gradient there adds nothing to dx. The weight gradient stays on the exact
-  // problem (right, and oneDNN's Winograd weight gradient was 1.5x slower at 385 output rows
-  // than at 384), so the two passes reorder dy apart.
+  // oneDNN 2.6's Winograd data gradient is wrong where the pads of an axis differ (a
+  // shard's halo side), and slow where dx's tile count has no divisor from 8 to 28 (a 2x2
+  // shard of 385 x 385: 2 x 97 x 97). Either way it runs a larger problem: pads alike on
+  // both sides (the larger of the two), and where the count needs it dx grown at its bottom
+  // and right edges by the fewest rows and columns (at most an eighth) that give a good
+  // count. dy sits framed by zeros in the larger output (zero gradient adds nothing) and dx
+  // is the larger dx's top-left corner (its added rows and columns only receive).
   void frame_data_gradient(const ConvGeom& g) {
     const int ph = std::max(g.pad_top, g.pad_bottom), pw = std::max(g.pad_left, g.pad_right);
-    if (ph == g.pad_top && ph == g.pad_bottom && pw == g.pad_left && pw == g.pad_right) return;
-    ConvGeom f = g;
-    f.pad_top = f.pad_bottom = ph, f.pad_left = f.pad_right = pw;
-    dy_md = memory::desc({f.n, f.cout, f.hout(), f.wout()}, dt::f32, tag::nchw);
+    int hx = g.hin, wx = g.win;
+    if (!winograd_tiles_block(g.n, hx, wx)) {
+      long best = -1;  // over the sizes that add a row or a column of tiles, each the least
+      for (int th = (g.hin + 3) / 4;; ++th) {
+        const int h = std::max(g.hin, 4 * th - 3);
+        if (h > g.hin + g.hin / 8) break;
+        for (int tw = (g.win + 3) / 4;; ++tw) {
+          const int w = std::max(g.win, 4 * tw - 3);
+          if (w > g.win + g.win / 8) break;
+          if ((best < 0 || long(h) * w < best) && winograd_tiles_block(g.n, h, w)) best = long(h) * w, hx = h, wx = w;
+        }
+      }
+      if (best < 0) {  // none near: the direct kernels, on the exact problem
+        winograd &= ~unsigned(kConvBackwardData);
+        return;
+      }
+    }
+    const bool equal_pads = ph == g.pad_top && ph == g.pad_bottom && pw == g.pad_left && pw == g.pad_right;
+    if (equal_pads && hx == g.hin && wx == g.win) return;
+    dx_md = memory::desc({g.n, g.cin, hx, wx}, dt::f32, tag::nchw);
+    dy_md = memory::desc({g.n, g.cout, hx + 2 * ph - 2, wx + 2 * pw - 2}, dt::f32, tag::nchw);
     bpad_l = bpad_r = {ph, pw};
     frame = {0, 0, ph - g.pad_top, pw - g.pad_left};
+    if (hx != g.hin || wx != g.win) dx_frame = {0, 0, 0, 0};
   }
   // The data gradient on the direct kernels after all: the exact problem, not framed.
   void unframe_data_gradient() {
     winograd &= ~unsigned(kConvBackwardData);
-    dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
-    frame.clear();
+    dx_md = x_md, dy_md = y_md, bpad_l = pad_l, bpad_r = pad_r;
+    frame.clear(), dx_frame.clear();
     data_hint.reset();
   }
 
@@ -323,7 +347,7 @@ struct DnnlConv2d::Impl {
   // A forward of the forward's problem, or of the data gradient's (the hint for its).
   dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool data_problem) {
     const auto pk = dnnl::prop_kind::forward_training;
-    const memory::desc x = act(x_md, eight), y = act(data_problem ? dy_md : y_md, eight);
+    const memory::desc x = act(data_problem ? dx_md : x_md, eight), y = act(data_problem ? dy_md : y_md, eight);
     const memory::dims& pl = data_problem ? bpad_l : pad_l;
     const memory::dims& pr = data_problem ? bpad_r : pad_r;
     auto d = bias ? dnnl::convolution_forward::desc(pk, alg, x, any(w_md), b_md, y, strides, dilates, pl, pr)
@@ -371,7 +395,7 @@ struct DnnlConv2d::Impl {
       auto make_pd = [&] {
         return with_algorithm(kConvBackwardData, [&](dnnl::algorithm alg) {
           auto make = [&](bool eight) {
-            dnnl::convolution_backward_data::desc d(alg, act(x_md, eight), any(w_md), act(dy_md, eight), strides,
+            dnnl::convolution_backward_data::desc d(alg, act(dx_md, eight), any(w_md), act(dy_md, eight), strides,
                                                     dilates, bpad_l, bpad_r);
             return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint(true));
           };
@@ -393,7 +417,7 @@ struct DnnlConv2d::Impl {
           dnnl::convolution_backward_data(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       bwd_data->dy.init(eng, y_md, pd.diff_dst_desc(), false, frame);
       bwd_data->w.init(eng, w_md, pd.weights_desc(), false);
-      bwd_data->dx.init(eng, x_md, pd.diff_src_desc(), true);
+      bwd_data->dx.init(eng, x_md, pd.diff_src_desc(), true, dx_frame);
     }
     return *bwd_data;
   }

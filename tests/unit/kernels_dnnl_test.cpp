@@ -63,6 +63,8 @@ std::vector<ConvGeom> dnnl_geoms() {
       geom(2, 40, 9, 10, 40, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
       geom(2, 32, 9, 10, 64, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0),
       geom(1, 32, 12, 12, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1),
+      // The data gradient on a grown dx (2 x 29 x 2 tiles: 117 x 7) and framed dy.
+      geom(2, 32, 116, 7, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1),
       geom(1, 32, 9, 10, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1),
@@ -183,11 +185,17 @@ TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
   EXPECT_EQ(passes_run(geom(2, 32, 18, 16, 32, 3, 3, 1, 1, 1, 1, 0, 0, 1, 1), ConvKernels::Fastest),
             kConvAllPasses);  // no pad rows
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 3, 3, 1, 1, 1, 1, 2, 2, 2, 2), ConvKernels::Fastest), 0u);  // pad 2
-  // A pass whose 4x4 tiles (of the tensor it writes) count no divisor from 8 to 28 stays
-  // direct: 29 x 29 tiles of the output, 30 x 30 of the input.
+  // A forward or weight gradient whose 4x4 tiles (of the tensor it writes) count no divisor
+  // from 8 to 28 stays direct: 29 x 29 tiles of the output. The data gradient grows dx
+  // instead (116 -> 117 rows: 30 x 29), or needs not (30 x 30).
   EXPECT_EQ(passes_run(geom(1, 32, 118, 118, 32, 3, 3, 1, 1, 1, 1, 0, 0, 0, 0), ConvKernels::Fastest),
             kConvBackwardData);
-  EXPECT_EQ(passes_run(geom(1, 32, 116, 116, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);
+  EXPECT_EQ(passes_run(geom(1, 32, 116, 116, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest),
+            kConvBackwardData);
+  EXPECT_EQ(passes_run(geom(2, 32, 116, 7, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1), ConvKernels::Fastest),
+            kConvBackwardData);  // grown and framed (MatchesDoubleReference checks its values)
+  // Too small to grow by an eighth (one tile): direct.
+  EXPECT_EQ(passes_run(geom(1, 32, 4, 4, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);
   EXPECT_EQ(passes_run(wide, ConvKernels::OneDnnOnly), 0u);                                       // the baseline
   EXPECT_EQ(passes_run(geom(2, 16, 13, 18, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // 16 in
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // 16 out
