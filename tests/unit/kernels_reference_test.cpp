@@ -23,12 +23,7 @@
 namespace ht::cpu {
 namespace {
 
-using testing::geom;
-using testing::random_vec;
-using testing::to_float;
-using testing::Vec;
-using testing::VecF;
-using testing::expect_close;
+using namespace ht::testing;  // tests/common/kernel_checks.hpp
 
 // ---------------------------------------------------------------------------- optimizers
 
