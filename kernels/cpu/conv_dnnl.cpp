@@ -166,8 +166,8 @@ struct Port {
 
 // The passes that run oneDNN's Winograd F(4x4, 3x3) kernels rather than its direct ones:
 // 3x3 stride-1 convolutions with at least 32 channels in and out and pads of at most 1, on
-// AVX-512 (oneDNN has no f32 Winograd below it). Measured pass by pass on 2 cores (best of 5; milliseconds
-// direct / Winograd): 2x32x768^2 32->32 forward 56.6 / 44.5, data 60.6 / 45.9, weights
+// AVX-512 (oneDNN has no f32 Winograd below it). Measured pass by pass on 2 cores (best of
+// 5; milliseconds direct / Winograd): 2x32x768^2 32->32 forward 56.6 / 44.5, data 60.6 / 45.9, weights
 // 68.7 / 51.8; 2x64x256^2 64->64 24.7 / 16.1, 27.1 / 15.7, 30.8 / 22.6; 2x128x32^2
 // 128->128 1.5 / 1.1, 1.7 / 1.1, 1.8 / 0.8. With 16 input channels it won at some image
 // sizes and lost up to 1.5x at others (16->32 at 512^2: forward 13.0 / 19.1), and with
@@ -189,7 +189,7 @@ static bool winograd_tiles_block(long n, long h, long w) {
 static unsigned winograd_passes(const ConvGeom& g) {
   if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
       g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core") ||
-      std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) > 1)  // oneDNN's refuse larger pads
+      std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) > 1)  // its Winograd refuses more
     return 0;
   // The data gradient's count is frame_data_gradient's to mend.
   return kConvBackwardData | (winograd_tiles_block(g.n, g.hout(), g.wout()) ? kConvForward | kConvBackwardWeights : 0u);
