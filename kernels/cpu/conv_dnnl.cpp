@@ -22,7 +22,7 @@
 
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/conv_small.hpp"
-#include "kernels/cpu/dnnl_isa.hpp"
+#include "kernels/cpu/conv_winograd.hpp"
 #include "kernels/cpu/host_memory.hpp"
 
 namespace ht::cpu {
@@ -164,37 +164,6 @@ struct Port {
 
 }  // namespace
 
-// The passes that run oneDNN's Winograd F(4x4, 3x3) kernels rather than its direct ones:
-// 3x3 stride-1 convolutions with at least 32 channels in and out and pads of at most 1, on
-// AVX-512 (oneDNN has no f32 Winograd below it). Measured pass by pass on 2 cores (best of
-// 5; milliseconds direct / Winograd): 2x32x768^2 32->32 forward 56.6 / 44.5, data 60.6 / 45.9, weights
-// 68.7 / 51.8; 2x64x256^2 64->64 24.7 / 16.1, 27.1 / 15.7, 30.8 / 22.6; 2x128x32^2
-// 128->128 1.5 / 1.1, 1.7 / 1.1, 1.8 / 0.8. With 16 input channels it won at some image
-// sizes and lost up to 1.5x at others (16->32 at 512^2: forward 13.0 / 19.1), and with
-// 8-16 it lost. Its scratchpad is tiled for the cache (under 10 MB at every size above).
-// It rounds differently from the direct kernels (its transforms), within float tolerance.
-//
-// oneDNN blocks a pass's 4x4 tiles (n x ceil(h / 4) x ceil(w / 4) of the tensor it writes)
-// by a divisor of their count; where the count has none from 8 to 28 (a shard of 385 x 385:
-// 2 x 97 x 97) Winograd took 1.25-3x the direct kernels' time, one thread, 32 -> 32, and
-// 0.56-0.72 elsewhere (the weight gradient 0.94-1.03 at some counts with such divisors).
-// Such a forward or weight gradient stays direct; the data gradient grows dx instead
-// (DnnlConv2d::Impl::frame_data_gradient).
-static bool winograd_tiles_block(long n, long h, long w) {
-  const long tiles = n * ((h + 3) / 4) * ((w + 3) / 4);
-  for (long d = 8; d <= 28; ++d)
-    if (tiles % d == 0) return true;
-  return false;
-}
-static unsigned winograd_passes(const ConvGeom& g) {
-  if (g.kh != 3 || g.kw != 3 || g.stride_h != 1 || g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 ||
-      g.groups != 1 || std::min(g.cin, g.cout) < 32 || !dnnl_isa_reaches("avx512_core") ||
-      std::max({g.pad_top, g.pad_bottom, g.pad_left, g.pad_right}) > 1)  // its Winograd refuses more
-    return 0;
-  // The data gradient's count is frame_data_gradient's to mend.
-  return kConvBackwardData | (winograd_tiles_block(g.n, g.hout(), g.wout()) ? kConvForward | kConvBackwardWeights : 0u);
-}
-
 struct DnnlConv2d::Impl {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   ScratchArena* arena;
@@ -252,39 +221,18 @@ struct DnnlConv2d::Impl {
     return std::max<size_t>(size_t(16) << 20, (x_md.get_size() + y_md.get_size()) / 8);
   }
 
-  // oneDNN 2.6's Winograd data gradient is wrong where the pads of an axis differ (a
-  // shard's halo side), and slow where dx's tile count has no divisor from 8 to 28 (a 2x2
-  // shard of 385 x 385: 2 x 97 x 97). Either way it runs a larger problem: pads alike on
-  // both sides (the larger of the two), and where the count needs it dx grown at its bottom
-  // and right edges by the fewest rows and columns (at most an eighth) that give a good
-  // count. dy sits framed by zeros in the larger output (zero gradient adds nothing) and dx
-  // is the larger dx's top-left corner (its added rows and columns only receive).
-  void frame_data_gradient(const ConvGeom& g) {
-    const int ph = std::max(g.pad_top, g.pad_bottom), pw = std::max(g.pad_left, g.pad_right);
-    int hx = g.hin, wx = g.win;
-    if (!winograd_tiles_block(g.n, hx, wx)) {
-      long best = -1;  // over the sizes that add a row or a column of tiles, each the least
-      for (int th = (g.hin + 3) / 4;; ++th) {
-        const int h = std::max(g.hin, 4 * th - 3);
-        if (h > g.hin + g.hin / 8) break;
-        for (int tw = (g.win + 3) / 4;; ++tw) {
-          const int w = std::max(g.win, 4 * tw - 3);
-          if (w > g.win + g.win / 8) break;
-          if ((best < 0 || long(h) * w < best) && winograd_tiles_block(g.n, h, w)) best = long(h) * w, hx = h, wx = w;
-        }
-      }
-      if (best < 0) {  // none near: the direct kernels, on the exact problem
-        winograd &= ~unsigned(kConvBackwardData);
-        return;
-      }
-    }
-    const bool equal_pads = ph == g.pad_top && ph == g.pad_bottom && pw == g.pad_left && pw == g.pad_right;
-    if (equal_pads && hx == g.hin && wx == g.win) return;
-    dx_md = memory::desc({g.n, g.cin, hx, wx}, dt::f32, tag::nchw);
-    dy_md = memory::desc({g.n, g.cout, hx + 2 * ph - 2, wx + 2 * pw - 2}, dt::f32, tag::nchw);
-    bpad_l = bpad_r = {ph, pw};
-    frame = {0, 0, ph - g.pad_top, pw - g.pad_left};
-    if (hx != g.hin || wx != g.win) dx_frame = {0, 0, 0, 0};
+  // The data gradient on winograd_data_problem's convolution p: dy framed in its output,
+  // dx its dx's top-left corner.
+  void frame_data_gradient(const ConvGeom& g, const ConvGeom& p) {
+    const bool grown = p.hin != g.hin || p.win != g.win;
+    if (!grown && p.pad_top == g.pad_top && p.pad_bottom == g.pad_bottom && p.pad_left == g.pad_left &&
+        p.pad_right == g.pad_right)
+      return;
+    dx_md = memory::desc({p.n, p.cin, p.hin, p.win}, dt::f32, tag::nchw);
+    dy_md = memory::desc({p.n, p.cout, p.hout(), p.wout()}, dt::f32, tag::nchw);
+    bpad_l = {p.pad_top, p.pad_left}, bpad_r = {p.pad_bottom, p.pad_right};
+    frame = {0, 0, p.pad_top - g.pad_top, p.pad_left - g.pad_left};
+    if (grown) dx_frame = {0, 0, 0, 0};
   }
   // The data gradient on the direct kernels after all: the exact problem, not framed.
   void unframe_data_gradient() {
@@ -488,7 +436,7 @@ DnnlConv2d::DnnlConv2d(const ConvGeom& g, ScratchArena* arena, ConvKernels kerne
   if (kernels == ConvKernels::Fastest) {
     small_ = small_conv_passes(g);
     impl_->winograd = winograd_passes(g) & ~small_;
-    if (impl_->winograd & kConvBackwardData) impl_->frame_data_gradient(g);
+    if (impl_->winograd & kConvBackwardData) impl_->frame_data_gradient(g, *winograd_data_problem(g));
   }
 }
 DnnlConv2d::~DnnlConv2d() = default;

@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/conv_small.hpp"
+#include "kernels/cpu/conv_winograd.hpp"
 #include "kernels/cpu/dnnl_isa.hpp"
 #include "tests/common/kernel_checks.hpp"
 
@@ -196,6 +198,26 @@ TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // 16 out
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1), ConvKernels::Fastest), 0u);  // stride 2
   EXPECT_EQ(passes_run(geom(2, 32, 13, 18, 32, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2), ConvKernels::Fastest), 0u);  // 5x5
+}
+
+// The data gradient's Winograd problem: pads made equal, dx grown only where its tiles
+// block badly, by the least that blocks well (2 x 97 x 97 tiles -> 2 x 97 x 98 = 19012,
+// divisible by 14; on a tie the columns grow), never by more than an eighth.
+TEST(DnnlConv2d, WinogradDataProblemGrowsOnlyWhereItMust) {
+  const ConvGeom shard = geom(2, 32, 385, 385, 32, 3, 3, 1, 1, 1, 1, 1, 0, 1, 0);
+  const std::optional<ConvGeom> p = winograd_data_problem(shard);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->hin, 385);
+  EXPECT_EQ(p->win, 389);  // the first column of a 98th column of tiles
+  EXPECT_EQ(p->pad_top, 1);
+  EXPECT_EQ(p->pad_bottom, 1);
+  EXPECT_EQ(p->pad_left, 1);
+  EXPECT_EQ(p->pad_right, 1);
+  const std::optional<ConvGeom> same = winograd_data_problem(geom(2, 32, 384, 384, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1));
+  ASSERT_TRUE(same);
+  EXPECT_EQ(same->hin, 384);
+  EXPECT_EQ(same->win, 384);
+  EXPECT_FALSE(winograd_data_problem(geom(1, 32, 4, 4, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1)));  // one tile
 }
 
 // Where oneDNN's Winograd would transform whole tensors (770 MB of scratchpad for the seed
