@@ -15,9 +15,8 @@ MemoryEstimate estimate_inference_memory(const Config& config, const ShardPlan& 
   return e;
 }
 
-MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, int rank,
-                                          const LayerPolicies& policies) {
-  const StepSchedule step = training_schedule(config, plan, rank, policies);
+MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, const StepSchedule& step) {
+  const int rank = step.rank;
   const StepSchedule eval = inference_schedule(config, plan, rank, Inference::Evaluate);
   // The workspace live after a step or beside a forward, past its Hold: cuDNN's (CUDA).
   auto later_workspace = [](const StepSchedule& s) {

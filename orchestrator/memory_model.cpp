@@ -169,12 +169,15 @@ MemoryEstimate StepMemory::estimate_max(const LayerPolicies& policies, uint64_t*
   return best;
 }
 
-MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
-                               const LayerPolicies& policies) {
-  MemoryEstimate e = sum_schedule(training_schedule(config, plan, rank, policies));
-  e.rank = rank;
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, const StepSchedule& step) {
+  MemoryEstimate e = sum_schedule(step);
+  e.rank = step.rank;
   e.local_batch = local_batch(config, plan);
   return e;
+}
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
+                               const LayerPolicies& policies) {
+  return estimate_memory(config, plan, training_schedule(config, plan, rank, policies));
 }
 
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {

@@ -88,14 +88,15 @@ MemoryEstimate estimate_inference_memory_max(const Config& config, const ShardPl
 // Hold run on top. One scratch serves both: oneDNN's arena, sized for the step's passes,
 // holds the forward's (the same convs at the same batch); on CUDA the cuDNN workspace and
 // the padded copy the step left, grown to the evaluate forward's where that is larger.
-// validation is set.
-MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, int rank,
-                                          const LayerPolicies& policies);
+// validation is set. `step`: the rank's training_schedule.
+MemoryEstimate estimate_validation_memory(const Config& config, const ShardPlan& plan, const StepSchedule& step);
 int node_of(const Config& config, int rank);          // rank / devices_per_node
 int local_device_of(const Config& config, int rank);  // rank % devices_per_node
 
 MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, int rank,
                                const LayerPolicies& policies);
+// The same from the rank's training_schedule, recorded already.
+MemoryEstimate estimate_memory(const Config& config, const ShardPlan& plan, const StepSchedule& step);
 // The estimate of the rank with the largest total (the one that decides whether it fits).
 MemoryEstimate estimate_memory_max(const Config& config, const ShardPlan& plan, const LayerPolicies& policies);
 // The same for one plan under many policies: the plan's sizes are computed once, so each

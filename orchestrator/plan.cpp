@@ -27,9 +27,10 @@ std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan&
   std::vector<MemoryEstimate> v;
   for (int r = 0; r < plan.world(); ++r) {
     if (r < plan.shards()) {
-      v.push_back(estimate_memory(config, plan, r, policies));
+      const StepSchedule step = training_schedule(config, plan, r, policies);
+      v.push_back(estimate_memory(config, plan, step));
       if (!config.data.validation.empty()) {
-        MemoryEstimate val = estimate_validation_memory(config, plan, r, policies);
+        MemoryEstimate val = estimate_validation_memory(config, plan, step);
         val.host_offload = v.back().host_offload;  // the step's pool: validation offloads nothing
         if (val.total > v.back().total) v.back() = val;
       }
@@ -41,10 +42,15 @@ std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan&
   return v;
 }
 
-// What a training run needs on its busiest rank under these policies.
+// What a training run needs on its busiest rank under these policies: all_estimates's
+// largest, the step's by StepMemory's replay (which records no schedule: the grid search
+// asks this of every candidate).
 uint64_t run_peak(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
-  uint64_t peak = 0;
-  for (const MemoryEstimate& e : all_estimates(config, plan, policies)) peak = std::max(peak, e.total);
+  uint64_t peak = estimate_memory_max(config, plan, policies).total;
+  if (!config.data.validation.empty())
+    for (int r = 0; r < plan.shards(); ++r)
+      peak = std::max(peak,
+                      estimate_validation_memory(config, plan, training_schedule(config, plan, r, policies)).total);
   return peak;
 }
 

@@ -36,7 +36,7 @@ TEST(MemoryModel, ValidationPeakCountsWhereItIsLarger) {
   const uint64_t step = estimate_memory_max(c, p).total;
   EXPECT_FALSE(make_plan(c, p).busiest.validation);  // no validation: the step's
   c.data.validation = "val.h5";
-  const MemoryEstimate val = estimate_validation_memory(c, p, 0, activation_policies(c, p));
+  const MemoryEstimate val = estimate_validation_memory(c, p, training_schedule(c, p, 0, activation_policies(c, p)));
   ASSERT_GT(val.total, step) << "the test wants a validation above the step";
   const Plan plan = make_plan(c, p);
   EXPECT_TRUE(plan.busiest.validation);
