@@ -35,6 +35,8 @@ struct NormPoolShape {
   int wo() const { return w / kw; }
   size_t x_size() const { return size_t(n) * c * h * w; }
   size_t y_size() const { return size_t(n) * c * ho() * wo(); }
+  // Sizes of at least 1, a window per plane, its positions within a byte.
+  bool valid() const { return n >= 1 && c >= 1 && kh >= 1 && kw >= 1 && kh * kw < kNoArgmax && ho() >= 1 && wo() >= 1; }
 };
 
 // How a factor per plane of an NCHW tensor is indexed: one per (image, channel) plane (a

@@ -21,8 +21,7 @@ namespace ht::cpu {
 namespace {
 
 void check(const NormPoolShape& s) {
-  if (s.n < 1 || s.c < 1 || s.kh < 1 || s.kw < 1 || s.kh * s.kw >= kNoArgmax || s.ho() < 1 || s.wo() < 1)
-    throw std::invalid_argument("bn_relu_max_pool: bad shape");
+  if (!s.valid()) throw std::invalid_argument("bn_relu_max_pool: bad shape");
 }
 
 bool worth_threads(const NormPoolShape& s) { return s.x_size() > (size_t(1) << 15); }

@@ -180,6 +180,11 @@ TEST_F(CudaBackendTest, BatchNormReluMaxPoolChainIsTheUnfusedKernels) {
     gpu_->bn_relu_max_pool_backward_apply(s, ddy, argmax, dxv, mean.data(), invstd.data(), dg, rsdy.data(),
                                           rsdx.data(), total, dx);
     EXPECT_EQ(host(dx, count), host(dx_apart, count)) << what;
+    // Written over x, as the worker runs it where the chain alone reads its input.
+    float* x_then_dx = dev(x);
+    gpu_->bn_relu_max_pool_backward_apply(s, ddy, argmax, x_then_dx, mean.data(), invstd.data(), dg, rsdy.data(),
+                                          rsdx.data(), total, x_then_dx);
+    EXPECT_EQ(host(x_then_dx, count), host(dx_apart, count)) << what << ", over x";
   }
 }
 

@@ -123,6 +123,16 @@ struct Chain {
                                        dx.data());
     return dx;
   }
+  // The same written over x, as the worker runs it where the chain alone reads its input
+  // (step_schedule.hpp chain_dx_over_input): each value read before its gradient is written.
+  std::vector<T> fused_input_gradient_over_x(const std::vector<uint8_t>& argmax, const std::vector<double>& sum_dy,
+                                             const std::vector<double>& sum_dy_xhat) const {
+    std::vector<T> dx = x;
+    bn_relu_max_pool_backward_apply<T>(s, dpool.data(), argmax.data(), dx.data(), mean.data(), invstd.data(),
+                                       gamma.data(), sum_dy.data(), sum_dy_xhat.data(), double(s.n) * hw(),
+                                       dx.data());
+    return dx;
+  }
   // max_pool_backward, relu_backward, then batch norm's sums and input gradient.
   std::vector<T> unfused_backward(const std::vector<T>& relu_out, std::vector<double>& sum_dy,
                                   std::vector<double>& sum_dy_xhat) const {
@@ -215,6 +225,7 @@ TEST(NormReluPoolCpu, InputGradientIsBatchNormsToTheBitForTheSameSums) {
     std::vector<uint8_t> argmax;
     c.fused_forward(argmax);
     expect_same_bits(c.fused_input_gradient(argmax, sum_dy, sum_dy_xhat), expected, "input gradient");
+    expect_same_bits(c.fused_input_gradient_over_x(argmax, sum_dy, sum_dy_xhat), expected, "input gradient over x");
     // The float sums agree with the unfused ones within float rounding.
     std::vector<double> fs, fsx;
     c.fused_sums(argmax, fs, fsx);

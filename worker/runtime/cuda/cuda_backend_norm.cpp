@@ -9,9 +9,8 @@
 namespace ht::cuda {
 namespace {
 
-// The CPU kernels' check (kernels/cpu/norm_relu_pool.cpp): a window's position fits a byte.
 void check_norm_pool(const NormPoolShape& s) {
-  if (s.n < 1 || s.c < 1 || s.kh < 1 || s.kw < 1 || s.kh * s.kw >= kNoArgmax || s.ho() < 1 || s.wo() < 1)
+  if (!s.valid())
     throw std::invalid_argument("cuda bn_relu_max_pool: bad shape (sizes >= 1, kh * kw < 255, a window per plane)");
 }
 
