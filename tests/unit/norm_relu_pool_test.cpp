@@ -156,6 +156,8 @@ const Case kCases[] = {
     {{1, 4, 9, 11, 2, 2}, 0.0},     // a row and a column in no window
     {{2, 2, 12, 10, 3, 2}, 0.0},    // unequal window sides
     {{1, 3, 16, 16, 4, 4}, 0.0},
+    {{2, 3, 18, 23, 4, 4}, 0.0},    // 4 x 4 with rows and columns in no window
+    {{2, 4, 64, 100, 4, 4}, 0.0},   // 4 x 4, large enough to run on threads
     {{2, 5, 64, 96, 2, 2}, 0.0},    // large enough to run on threads
     {{1, 2, 10, 10, 2, 2}, 1e4},    // pixels around 1e4
 };
