@@ -467,6 +467,18 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
   m.strm.wait();
 }
 
+bool DnnlConv2d::forward_with_moments(const float* x, const float* w, const float* bias, float* y, double* mean,
+                                      double* m2) {
+  if (!(small_ & kConvForward)) {
+    forward(x, w, bias, y);
+    return false;
+  }
+  MomentsByBlocks moments(g_.n, g_.cout, long(g_.hout()) * g_.wout());
+  small_conv_forward(g_, x, w, bias, y, impl_->small_scratch(g_, kConvForward), &moments);
+  moments.finish(y, mean, m2);
+  return true;
+}
+
 void DnnlConv2d::backward_data(const float* dy, const float* w, float* dx) {
   Impl& m = *impl_;
   if (small_ & kConvBackwardData) {

@@ -286,17 +286,26 @@ HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w,
   forward_task<Avx512>(g, x, w, bias, y, band, n, b);
 }
 
-// `w` packed by pack_weights.
-void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch) {
+// `w` packed by pack_weights. With `moments`, each task's output rows go into it while
+// they are in cache.
+void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch,
+             MomentsByBlocks* moments) {
   static const ForwardTask task = use_avx512() ? forward_avx512 : forward_avx2;
   const int bands = bands_of(g), nthr = threads_for(g, omp_get_max_threads());
+  const long ho = g.hout(), wo = g.wout();
   const size_t per_thread = forward_floats(g);
 #pragma omp parallel num_threads(nthr)
   {
     float* band = scratch + size_t(omp_get_thread_num()) * per_thread;
 #pragma omp for collapse(2) schedule(static)
     for (int n = 0; n < g.n; ++n)
-      for (int b = 0; b < bands; ++b) task(g, x, w, bias, y, band, n, b);
+      for (int b = 0; b < bands; ++b) {
+        task(g, x, w, bias, y, band, n, b);
+        if (!moments) continue;
+        const long from = long(b) * kRows * wo, to = std::min(ho, long(b + 1) * kRows) * wo;
+        for (int c = 0; c < g.cout; ++c)
+          moments->add_range(n, c, y + (size_t(n) * g.cout + c) * ho * wo, from, to);
+      }
   }
 }
 
@@ -344,15 +353,15 @@ size_t small_conv_scratch_floats(const ConvGeom& g, unsigned pass, int threads) 
 }
 
 void small_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y,
-                        float* scratch) {
+                        float* scratch, MomentsByBlocks* moments) {
   const std::vector<float> packed = pack_weights(w, g.cout, g.cin, forward_widest_block(), false);
-  forward(g, x, packed.data(), bias, y, scratch);
+  forward(g, x, packed.data(), bias, y, scratch, moments);
 }
 
 void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w, float* dx, float* scratch) {
   // The forward of transposed(g) with w'[ci][co][r][k] = w[co][ci][2 - r][2 - k].
   const std::vector<float> packed = pack_weights(w, g.cin, g.cout, forward_widest_block(), true);
-  forward(transposed(g), dy, packed.data(), nullptr, dx, scratch);
+  forward(transposed(g), dy, packed.data(), nullptr, dx, scratch, nullptr);
 }
 
 // Each thread accumulates dW (in double) over its bands into a private slot; slots are

@@ -13,6 +13,7 @@
 #include <cstddef>
 
 #include "kernels/cpu/conv.hpp"
+#include "kernels/cpu/norm.hpp"
 
 namespace ht::cpu {
 
@@ -29,8 +30,10 @@ size_t small_conv_scratch_floats(const ConvGeom& g, unsigned pass, int threads);
 
 // The semantics of conv.hpp's conv2d_*; `scratch` holds small_conv_scratch_floats(g, pass,
 // omp_get_max_threads()) floats, 64-byte aligned.
+// With `moments`, each band of output rows also goes into it as soon as it is written
+// (norm.hpp MomentsByBlocks: the batch-norm statistics of y in the pass that writes it).
 void small_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y,
-                        float* scratch);
+                        float* scratch, MomentsByBlocks* moments = nullptr);
 void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w, float* dx, float* scratch);
 void small_conv_backward_weights(const ConvGeom& g, const float* x, const float* dy, float* dw, float* dbias,
                                  float* scratch);

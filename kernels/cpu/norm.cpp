@@ -42,58 +42,113 @@ struct Moments {
   }
 };
 
-// One plane's moments, block by block (the float loops also built for AVX2 and AVX-512).
+// One block's moments (the float loops also built for AVX2 and AVX-512): a centre near the
+// block's mean (its first element, shifted by the mean of the differences), then the sum
+// and squares of the deviations from it, in T: each term of the size of the spread, not of
+// the mean.
 template <class T>
-__attribute__((always_inline)) inline Moments plane_moments(const T* xp, long hw) {
-  Moments m;
-  for (long i0 = 0; i0 < hw; i0 += kBlock) {
-    const long i1 = i0 + kBlock < hw ? i0 + kBlock : hw;
-    const double len = double(i1 - i0);
-    // A centre near the block's mean (its first element, shifted by the mean of the
-    // differences), then the sum and squares of the deviations from it: in T, each term
-    // of the size of the spread, not of the mean.
-    const T x0 = xp[i0];
-    T s = 0;
+__attribute__((always_inline)) inline Moments block_moments(const T* xp, long len) {
+  const T x0 = xp[0];
+  T s = 0;
 #pragma omp simd reduction(+ : s)
-    for (long i = i0; i < i1; ++i) s += xp[i] - x0;
-    const T centre = T(double(x0) + double(s) / len);
-    T d = 0, q = 0;
+  for (long i = 0; i < len; ++i) s += xp[i] - x0;
+  const T centre = T(double(x0) + double(s) / double(len));
+  T d = 0, q = 0;
 #pragma omp simd reduction(+ : d, q)
-    for (long i = i0; i < i1; ++i) {
-      const T e = xp[i] - centre;
-      d += e;
-      q += e * e;
-    }
-    m.merge({len, double(centre) + double(d) / len, std::max(0.0, double(q) - double(d) * double(d) / len)});
+  for (long i = 0; i < len; ++i) {
+    const T e = xp[i] - centre;
+    d += e;
+    q += e * e;
   }
-  return m;
+  return {double(len), double(centre) + double(d) / double(len),
+          std::max(0.0, double(q) - double(d) * double(d) / double(len))};
 }
 
 template <class T>
-Moments plane_moments_baseline(const T* xp, long hw) {
-  return plane_moments(xp, hw);
+Moments block_moments_baseline(const T* xp, long len) {
+  return block_moments(xp, len);
 }
-HT_AVX2 Moments plane_moments_avx2(const float* xp, long hw) { return plane_moments(xp, hw); }
-HT_AVX512 Moments plane_moments_avx512(const float* xp, long hw) { return plane_moments(xp, hw); }
-
-}  // namespace
+HT_AVX2 Moments block_moments_avx2(const float* xp, long len) { return block_moments(xp, len); }
+HT_AVX512 Moments block_moments_avx512(const float* xp, long len) { return block_moments(xp, len); }
 
 template <class T>
-void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2) {
-  using Plane = Moments (*)(const T*, long);
-  Plane plane = plane_moments_baseline<T>;
+using BlockMoments = Moments (*)(const T*, long);
+template <class T>
+BlockMoments<T> block_moments_for_cpu() {
   if constexpr (std::is_same_v<T, float>)
-    plane = for_this_cpu<Plane>(plane_moments_baseline<float>, plane_moments_avx2, plane_moments_avx512);
-  const long planes = long(n) * c;
+    return for_this_cpu<BlockMoments<float>>(block_moments_baseline<float>, block_moments_avx2, block_moments_avx512);
+  else
+    return block_moments_baseline<T>;
+}
+
+// Blocks of kBlock elements from each plane's start (the last one shorter).
+long blocks_per_plane(long hw) { return (hw + kBlock - 1) / kBlock; }
+long block_length(long hw, long b) { return std::min(kBlock, hw - b * kBlock); }
+
+// channel_moments from its blocks' moments ([plane][block]): those not yet `done` (null:
+// none is) summed from x, then each plane's merged in block order and the planes in plane
+// order into their channels.
+template <class T>
+void merge_blocks(int n, int c, long hw, const T* x, std::vector<Moments>& blocks, const std::vector<char>* done,
+                  double* mean, double* m2) {
+  const BlockMoments<T> block = block_moments_for_cpu<T>();
+  const long planes = long(n) * c, per_plane = blocks_per_plane(hw);
   std::vector<Moments> part(static_cast<size_t>(planes));
 #pragma omp parallel for schedule(static) if (size_t(planes) * hw > (1 << 15))
-  for (long p = 0; p < planes; ++p) part[size_t(p)] = plane(x + size_t(p) * hw, hw);
+  for (long p = 0; p < planes; ++p) {
+    Moments m;
+    for (long b = 0; b < per_plane; ++b) {
+      const size_t i = size_t(p * per_plane + b);
+      if (!done || !(*done)[i]) blocks[i] = block(x + size_t(p) * hw + size_t(b) * kBlock, block_length(hw, b));
+      m.merge(blocks[i]);
+    }
+    part[size_t(p)] = m;
+  }
   std::vector<Moments> ch(static_cast<size_t>(c));
   for (long p = 0; p < planes; ++p) ch[size_t(p % c)].merge(part[size_t(p)]);
   for (int i = 0; i < c; ++i) {
     mean[i] = ch[size_t(i)].mean;
     m2[i] = ch[size_t(i)].m2;
   }
+}
+
+}  // namespace
+
+template <class T>
+void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2) {
+  std::vector<Moments> blocks(size_t(n) * c * size_t(blocks_per_plane(hw)));
+  merge_blocks(n, c, hw, x, blocks, nullptr, mean, m2);
+}
+
+struct MomentsByBlocks::Blocks {
+  int n, c;
+  long hw;
+  std::vector<Moments> moments;  // [plane][block]
+  std::vector<char> done;
+};
+
+MomentsByBlocks::MomentsByBlocks(int n, int c, long hw) : blocks_(new Blocks{n, c, hw, {}, {}}) {
+  const size_t count = size_t(n) * c * size_t(blocks_per_plane(hw));
+  blocks_->moments.resize(count);
+  blocks_->done.assign(count, 0);
+}
+
+MomentsByBlocks::~MomentsByBlocks() = default;
+
+void MomentsByBlocks::add_range(int image, int channel, const float* plane, long from, long to) {
+  static const BlockMoments<float> block = block_moments_for_cpu<float>();
+  Blocks& k = *blocks_;
+  const long p = long(image) * k.c + channel, per_plane = blocks_per_plane(k.hw);
+  to = std::min(to, k.hw);
+  for (long b = (from + kBlock - 1) / kBlock; b < per_plane && b * kBlock + block_length(k.hw, b) <= to; ++b) {
+    const size_t i = size_t(p * per_plane + b);
+    k.moments[i] = block(plane + size_t(b) * kBlock, block_length(k.hw, b));
+    k.done[i] = 1;
+  }
+}
+
+void MomentsByBlocks::finish(const float* x, double* mean, double* m2) {
+  merge_blocks(blocks_->n, blocks_->c, blocks_->hw, x, blocks_->moments, &blocks_->done, mean, m2);
 }
 
 template <class T>

@@ -8,6 +8,8 @@
 // Sums are double and accumulate (+=) so a caller can add several tensors into one.
 #pragma once
 
+#include <memory>
+
 namespace ht::cpu {
 
 // The moments of each channel of x in one pass: mean[c] and m2[c] = sum of (x - mean[c])^2
@@ -17,6 +19,24 @@ namespace ht::cpu {
 // spread, and the same for any thread count.
 template <class T>
 void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2);
+
+// channel_moments made while x is being written, by whoever writes it: the blocks of a
+// plane that lie wholly within a range its writer has just written are summed there
+// (while the range is in cache), finish() sums the rest from x and merges them all as
+// channel_moments does, with the same bits. add_range is safe from several threads on
+// disjoint ranges.
+class MomentsByBlocks {
+ public:
+  MomentsByBlocks(int n, int c, long hw);
+  ~MomentsByBlocks();
+  // Elements [from, to) of plane (image, channel), whose first element is at `plane`.
+  void add_range(int image, int channel, const float* plane, long from, long to);
+  void finish(const float* x, double* mean, double* m2);
+
+ private:
+  struct Blocks;
+  std::unique_ptr<Blocks> blocks_;
+};
 // sum[c] += sum over n, hw of x.
 template <class T>
 void channel_sum(int n, int c, long hw, const T* x, double* sum);

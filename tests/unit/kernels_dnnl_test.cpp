@@ -17,6 +17,7 @@
 #include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/conv_winograd.hpp"
 #include "kernels/cpu/dnnl_isa.hpp"
+#include "kernels/cpu/norm.hpp"
 #include "tests/common/kernel_checks.hpp"
 
 namespace ht::cpu {
@@ -123,6 +124,47 @@ TEST(DnnlConv2d, MatchesDoubleReference) {
     for (const ConvGeom& g : dnnl_geoms()) check_dnnl(g, rng, i++ % 3 != 2);
   }
   omp_set_num_threads(saved);
+}
+
+// Batch-norm statistics in the forward's pass: where the small-channel kernels run the
+// forward, y's channel moments come with it, with channel_moments' bits (blocks of the
+// plane wholly inside a band of output rows summed in the band's task, the rest after);
+// elsewhere none. y is the same either way. Bands of 400 elements (every block spans
+// bands), 1024 (one block each), 3072 (three), pixels around 1e4.
+TEST(DnnlConv2d, ForwardWithMomentsGivesBatchNormsMomentsToTheBit) {
+  std::vector<ConvGeom> gs = dnnl_geoms();
+  gs.insert(gs.end(), {geom(2, 1, 37, 100, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                       geom(1, 3, 21, 256, 12, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                       geom(2, 1, 13, 768, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+                       geom(2, 8, 30, 40, 16, 3, 3, 1, 1, 1, 1, 1, 0, 1, 1)});
+  std::mt19937_64 rng(23);
+  const int saved = omp_get_max_threads();
+  int made = 0;
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (size_t i = 0; i < gs.size(); ++i) {
+      const ConvGeom& g = gs[i];
+      SCOPED_TRACE(str(g) + " threads " + std::to_string(threads));
+      VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng));
+      VecF b(size_t(g.cout), i % 2 ? 1e4f : 0.5f);  // odd ones: a large mean
+      VecF y(g.y_size(), NAN), y2(g.y_size(), NAN);
+      DnnlConv2d conv(g);
+      std::vector<double> mean(size_t(g.cout), -1), m2(size_t(g.cout), -1);
+      const bool with = conv.forward_with_moments(x.data(), w.data(), b.data(), y.data(), mean.data(), m2.data());
+      EXPECT_EQ(with, (small_conv_passes(g) & kConvForward) != 0);
+      conv.forward(x.data(), w.data(), b.data(), y2.data());
+      EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * sizeof(float)));
+      if (!with) continue;
+      ++made;
+      const long hw = long(g.hout()) * g.wout();
+      std::vector<double> want_mean(size_t(g.cout)), want_m2(size_t(g.cout));
+      channel_moments<float>(g.n, g.cout, hw, y.data(), want_mean.data(), want_m2.data());
+      EXPECT_EQ(mean, want_mean);
+      EXPECT_EQ(m2, want_m2);
+    }
+  }
+  omp_set_num_threads(saved);
+  if (std::string(small_conv_isa()) != "none") EXPECT_GT(made, 8);
 }
 
 // The geometries above that the small-channel kernels serve on this CPU are served by them

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/norm.hpp"
@@ -139,6 +140,32 @@ TEST(NormCpu, MomentsInOnePassAreExactAroundLargeMeans) {
       EXPECT_EQ(mean, first_mean);
       EXPECT_EQ(m2, first_m2);
     }
+  }
+}
+
+// MomentsByBlocks: whichever ranges a writer adds (none, all, ranges cutting blocks, one
+// range in pieces), finish() gives channel_moments' bits.
+TEST(NormCpu, MomentsByBlocksAreChannelMomentsWhateverRangesComeFirst) {
+  const int n = 2, c = 3;
+  const long hw = 3000;  // two whole blocks and part of a third per plane
+  std::vector<float> x(size_t(n) * c * hw);
+  std::mt19937 rng(9);
+  std::normal_distribution<double> noise(0.0, 1.0);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float((i / hw) % 2 ? 1e4 + 0.05 * noise(rng) : noise(rng));
+  std::vector<double> want_mean(c), want_m2(c);
+  channel_moments<float>(n, c, hw, x.data(), want_mean.data(), want_m2.data());
+  const std::vector<std::vector<std::pair<long, long>>> orders = {
+      {}, {{0, hw}}, {{0, 1500}, {1500, hw}}, {{100, 2100}}, {{2048, hw}, {0, 1024}}, {{0, 700}, {700, 2900}}};
+  for (const auto& ranges : orders) {
+    MomentsByBlocks moments(n, c, hw);
+    for (int i = 0; i < n; ++i)
+      for (int ch = 0; ch < c; ++ch)
+        for (const auto& [from, to] : ranges)
+          moments.add_range(i, ch, x.data() + (size_t(i) * c + ch) * hw, from, to);
+    std::vector<double> mean(c, -1), m2(c, -1);
+    moments.finish(x.data(), mean.data(), m2.data());
+    EXPECT_EQ(mean, want_mean) << ranges.size() << " ranges";
+    EXPECT_EQ(m2, want_m2) << ranges.size() << " ranges";
   }
 }
 

@@ -146,7 +146,12 @@ class BatchNormLayer : public Layer {
     // the whole image, in any sharding.
     const double local = double(x.n()) * double(hw);
     std::vector<double> local_mean(c), sq(c);
-    ctx_.backend.channel_moments(x.n(), c, hw, x.data(), local_mean.data(), sq.data());
+    if (const ChannelMoments* made = x.moments(); made && made->mean.size() == size_t(c)) {
+      local_mean = made->mean;  // by the kernel that wrote x, in that pass: the same bits
+      sq = made->m2;
+    } else {
+      ctx_.backend.channel_moments(x.n(), c, hw, x.data(), local_mean.data(), sq.data());
+    }
     for (int i = 0; i < c; ++i) mean_[i] = local_mean[i] * local;
     sum_over_batch(mean_.data(), c);
     for (double& m : mean_) m /= count;

@@ -131,9 +131,25 @@ class Conv2DLayer : public WindowedLayer {
     const ConvGeom g = geom(in);
     Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     check_output(g, y);
-    kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
+    if (mode != ForwardMode::Eval && read_by_batch_norm()) {
+      // Its statistics in the pass that writes y where the kernel can: the batch norm's
+      // channel_moments with the same bits, without reading y again.
+      ChannelMoments m{std::vector<double>(size_t(g.cout)), std::vector<double>(size_t(g.cout))};
+      if (kernel(g).forward_with_moments(in.data(), weight(kernel_name_), weight("bias:0"), y.data(), m.mean.data(),
+                                         m.m2.data()))
+        y.set_moments(std::move(m));
+    } else {
+      kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
+    }
     if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
+  }
+  // Whether a batch norm reads this layer's output.
+  bool read_by_batch_norm() const {
+    for (const LayerSpec& reader : model().layers)
+      if (reader.config.type() == "batch_norm" && reader.inputs.size() == 1 && reader.inputs[0] == index_ + 1)
+        return true;
+    return false;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {
     const Tensor& in = regather(x);

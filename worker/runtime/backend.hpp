@@ -29,6 +29,14 @@ class ConvKernel {
  public:
   virtual ~ConvKernel() = default;
   virtual void forward(const float* x, const float* w, const float* bias, float* y) = 0;
+  // forward, and where this kernel can in the pass that writes y, y's channel moments as
+  // ComputeBackend::channel_moments makes them, to the bit (a batch norm reading y then
+  // need not read it again): returns whether it made them.
+  virtual bool forward_with_moments(const float* x, const float* w, const float* bias, float* y,
+                                    double* host_mean, double* host_m2) {
+    forward(x, w, bias, y);
+    return false;
+  }
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;             // dx =
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;  // dw, db =
   // Both: backward_weights when dw is not null, then backward_data into dx_buffer() (null:

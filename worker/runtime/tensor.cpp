@@ -187,7 +187,8 @@ Tensor::Tensor(Allocator& alloc, int n, int c, int h, int w, const std::string& 
 }
 
 Tensor::Tensor(Tensor&& o) noexcept
-    : alloc_(o.alloc_), data_(o.data_), n_(o.n_), c_(o.c_), h_(o.h_), w_(o.w_) {
+    : moments_(std::move(o.moments_)),
+      alloc_(o.alloc_), data_(o.data_), n_(o.n_), c_(o.c_), h_(o.h_), w_(o.w_) {
   o.data_ = nullptr;
   o.alloc_ = nullptr;
   o.n_ = o.c_ = o.h_ = o.w_ = 0;
@@ -196,6 +197,7 @@ Tensor::Tensor(Tensor&& o) noexcept
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
     release();
+    std::swap(moments_, o.moments_);
     std::swap(alloc_, o.alloc_);
     std::swap(data_, o.data_);
     std::swap(n_, o.n_);
@@ -209,14 +211,17 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
 Tensor::~Tensor() { release(); }
 
 void Tensor::zero() {
+  moments_.reset();
   if (data_) std::memset(data_, 0, bytes());
 }
 
 void Tensor::pass_on() {
+  moments_.reset();
   if (data_ && alloc_) alloc_->pass_on(bytes());
 }
 
 void Tensor::release() {
+  moments_.reset();
   if (data_ && alloc_) alloc_->deallocate(data_, bytes());
   data_ = nullptr;
   n_ = c_ = h_ = w_ = 0;

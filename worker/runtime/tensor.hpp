@@ -6,6 +6,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ht {
 
@@ -90,6 +92,11 @@ class Allocator {
   std::unique_ptr<Cache> cache_;
 };
 
+// Each channel's mean and sum of squared deviations about it (ComputeBackend::channel_moments).
+struct ChannelMoments {
+  std::vector<double> mean, m2;
+};
+
 // A float32 NCHW tensor owning its memory through an Allocator. Move-only.
 class Tensor {
  public:
@@ -111,8 +118,15 @@ class Tensor {
   void zero();
   void release();  // frees now
   void pass_on();  // Allocator::pass_on of its memory
+  // Its values' channel moments as the kernel that wrote them made them in that pass
+  // (ConvKernel::forward_with_moments), or null. Writers other than that kernel never
+  // write a tensor in place before its readers' forwards, and zero, release and pass_on
+  // drop them.
+  const ChannelMoments* moments() const { return moments_.get(); }
+  void set_moments(ChannelMoments m) { moments_ = std::make_unique<ChannelMoments>(std::move(m)); }
 
  private:
+  std::unique_ptr<ChannelMoments> moments_;
   Allocator* alloc_ = nullptr;
   float* data_ = nullptr;
   int n_ = 0, c_ = 0, h_ = 0, w_ = 0;
