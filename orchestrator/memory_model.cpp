@@ -139,11 +139,10 @@ uint64_t StepMemory::lower_bound() const {
     // A chain that may be fused holds at least its input and its gradient (fused_chains),
     // and without a pool the ReLU's output; one of them where the gradient takes the
     // input's memory (chain_dx_over_input).
-    const std::vector<int> fused = fused_chains(r);
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
       if (z.chain_tail >= 0) {
-        const uint64_t held = !z.chain_pools ? 3 : chain_dx_over_input(m, r, fused, int(l)) ? 1 : 2;
+        const uint64_t held = !z.chain_pools ? 3 : z.chain_dx_over_input ? 1 : 2;
         if (makes_input_gradient(m.layers[l])) step = std::max(step, held * z.owned_in);
         l = size_t(z.chain_tail);
       } else if (makes_input_gradient(m.layers[l])) {
@@ -207,7 +206,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       if (fused[size_t(l)] == l) {
         x.activations = z.argmax;
         // The input gradient: over the input where the chain alone reads it (chain_dx_over_input).
-        const bool own = z.chain_pools && !chain_dx_over_input(m, sizes, fused, int(l));
+        const bool own = z.chain_pools && !z.chain_dx_over_input;
         x.transient = sizes.layers[size_t(z.chain_tail)].out + (makes_input_gradient(L) && own ? z.owned_in : 0);
       } else if (head.chain_tail == l) {
         const ActivationPolicy p = stored_as(read, policies, l + 1);

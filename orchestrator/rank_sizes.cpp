@@ -206,6 +206,9 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
     }
     r.layers.push_back(z);
   }
+  const std::vector<int> fused = fused_chains(r);
+  for (int l = 0; l < L; ++l)
+    r.layers[size_t(l)].chain_dx_over_input = fused[size_t(l)] == l && chain_dx_over_input(m, r, fused, l);
   return r;
 }
 

@@ -334,7 +334,7 @@ class StepWalk {
     const uint64_t dy = at(tail).out;  // the chain's output gradient
     const bool dx = makes_dx(l, 0);
     if (at(l).chain_pools) {
-      if (dx && chain_dx_over_input(m_, z_, fused_, l)) {
+      if (dx && at(l).chain_dx_over_input) {
         // The input's memory passes to its gradient (BatchNorm's backward_chain): counted
         // as a gradient from here, and its maker's backward has nothing to free.
         release(K::Activations, act_bytes(t));
@@ -494,9 +494,7 @@ StepSchedule training_schedule(const Config& config, const ShardPlan& plan, int 
   walk_training_step(config, plan.model, sizes, policies, gradient, recorder);
   s.fused = fused_chains(sizes);
   s.read_by_backward = read_by_backward(plan.model, sizes, policies);
-  s.dx_over_input.assign(plan.model.layers.size(), 0);
-  for (size_t l = 0; l < s.fused.size(); ++l)
-    if (s.fused[l] == int(l)) s.dx_over_input[l] = chain_dx_over_input(plan.model, sizes, s.fused, int(l));
+  for (const LayerSizes& z : sizes.layers) s.dx_over_input.push_back(z.chain_dx_over_input);
   return s;
 }
 

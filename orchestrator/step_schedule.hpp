@@ -68,11 +68,13 @@ struct LayerSizes {
   bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
   // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
-  // chain's last layer (its ReLU, or its max pool), whether it is a pool, and the bytes of
-  // the pool's argmax (one per window, in whole floats).
+  // chain's last layer (its ReLU, or its max pool), whether it is a pool, the bytes of the
+  // pool's argmax (one per window, in whole floats), and whether its input gradient is
+  // written over its input (chain_dx_over_input).
   int chain_tail = -1;
   bool chain_pools = false;
   uint64_t argmax = 0;
+  bool chain_dx_over_input = false;
 };
 struct RankSizes {
   uint64_t input = 0, targets = 0;
@@ -134,7 +136,8 @@ bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const
 // per-element pass that reads each input value before writing the gradient there; the
 // CPU's and the CUDA kernels): where the chain alone reads the input, which is a layer's
 // output (not the image) whose own backward does not read it. Without a pool the input
-// gradient takes the output gradient's memory instead.
+// gradient takes the output gradient's memory instead. rank_sizes sets it in
+// LayerSizes::chain_dx_over_input, which is what the schedule and the memory model read.
 bool chain_dx_over_input(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int head);
 // What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
 // its layer's policy where it is read again (`read`: read_by_backward), else it goes as

@@ -81,8 +81,9 @@ class DnnlConv2d {
 
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
-  // forward, and where it runs on conv_small.hpp's kernels, y's channel moments in the same
-  // pass (norm.hpp channel_moments of y, to the bit): returns whether it made them.
+  // forward, and where it runs on conv_small.hpp's kernels in bands that hold whole moment
+  // blocks (small_conv_moments_in_pass), y's channel moments summed band by band as each is
+  // written (norm.hpp channel_moments of y, to the bit): returns whether it made them.
   bool forward_with_moments(const float* x, const float* w, const float* bias, float* y, double* mean, double* m2);
   void backward_data(const float* dy, const float* w, float* dx);
   void backward_weights(const float* x, const float* dy, float* dw, float* dbias);

@@ -24,6 +24,7 @@
 #include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/conv_winograd.hpp"
 #include "kernels/cpu/host_memory.hpp"
+#include "kernels/cpu/norm.hpp"
 
 namespace ht::cpu {
 
@@ -469,13 +470,13 @@ void DnnlConv2d::forward(const float* x, const float* w, const float* bias, floa
 
 bool DnnlConv2d::forward_with_moments(const float* x, const float* w, const float* bias, float* y, double* mean,
                                       double* m2) {
-  if (!(small_ & kConvForward)) {
+  if (!(small_ & kConvForward) || !small_conv_moments_in_pass(g_)) {
     forward(x, w, bias, y);
     return false;
   }
-  MomentsByBlocks moments(g_.n, g_.cout, long(g_.hout()) * g_.wout());
+  MomentsByBlocks moments(g_.n, g_.cout, long(g_.hout()) * g_.wout(), y);
   small_conv_forward(g_, x, w, bias, y, impl_->small_scratch(g_, kConvForward), &moments);
-  moments.finish(y, mean, m2);
+  moments.finish(mean, m2);
   return true;
 }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/dnnl_isa.hpp"
 #include "kernels/cpu/isa.hpp"
+#include "kernels/cpu/norm.hpp"
 #include "kernels/cpu/row_ops.hpp"
 
 namespace ht::cpu {
@@ -287,7 +288,7 @@ HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w,
 }
 
 // `w` packed by pack_weights. With `moments`, each task's output rows go into it while
-// they are in cache.
+// they are in cache (small_conv_moments_in_pass says whether they hold whole blocks).
 void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch,
              MomentsByBlocks* moments) {
   static const ForwardTask task = use_avx512() ? forward_avx512 : forward_avx2;
@@ -303,8 +304,7 @@ void forward(const ConvGeom& g, const float* x, const float* w, const float* bia
         task(g, x, w, bias, y, band, n, b);
         if (!moments) continue;
         const long from = long(b) * kRows * wo, to = std::min(ho, long(b + 1) * kRows) * wo;
-        for (int c = 0; c < g.cout; ++c)
-          moments->add_range(n, c, y + (size_t(n) * g.cout + c) * ho * wo, from, to);
+        for (int c = 0; c < g.cout; ++c) moments->add_range(n, c, from, to);
       }
   }
 }
@@ -317,6 +317,8 @@ bool enabled() {
   return on;
 }
 }  // namespace
+
+bool small_conv_moments_in_pass(const ConvGeom& g) { return long(kRows) * g.wout() >= kMomentsBlock; }
 
 const char* small_conv_isa() { return !enabled() ? "none" : use_avx512() ? "avx512" : "avx2"; }
 

@@ -13,7 +13,6 @@
 #include <cstddef>
 
 #include "kernels/cpu/conv.hpp"
-#include "kernels/cpu/norm.hpp"
 
 namespace ht::cpu {
 
@@ -30,8 +29,14 @@ size_t small_conv_scratch_floats(const ConvGeom& g, unsigned pass, int threads);
 
 // The semantics of conv.hpp's conv2d_*; `scratch` holds small_conv_scratch_floats(g, pass,
 // omp_get_max_threads()) floats, 64-byte aligned.
-// With `moments`, each band of output rows also goes into it as soon as it is written
-// (norm.hpp MomentsByBlocks: the batch-norm statistics of y in the pass that writes it).
+class MomentsByBlocks;  // norm.hpp
+
+// Whether small_conv_forward's bands of output rows hold whole blocks of norm.hpp's
+// MomentsByBlocks (4 rows of at least 256 columns), so that y's channel moments can be
+// summed in the pass that writes y.
+bool small_conv_moments_in_pass(const ConvGeom& g);
+
+// With `moments` (over y), each band of output rows goes into it as soon as it is written.
 void small_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y,
                         float* scratch, MomentsByBlocks* moments = nullptr);
 void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w, float* dx, float* scratch);

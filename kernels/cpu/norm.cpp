@@ -14,7 +14,7 @@ namespace ht::cpu {
 
 namespace {
 
-constexpr long kBlock = 1024;  // elements summed in T before going to double
+constexpr long kBlock = kMomentsBlock;  // elements summed in T before going to double
 
 // Runs `plane(p, out2)` for every (n, c) plane into a private pair of doubles, then adds
 // the pairs to a[c], b[c] in plane order.
@@ -85,12 +85,12 @@ BlockMoments<T> block_moments_for_cpu() {
 long blocks_per_plane(long hw) { return (hw + kBlock - 1) / kBlock; }
 long block_length(long hw, long b) { return std::min(kBlock, hw - b * kBlock); }
 
-// channel_moments from its blocks' moments ([plane][block]): those not yet `done` (null:
-// none is) summed from x, then each plane's merged in block order and the planes in plane
-// order into their channels.
+// channel_moments from its blocks' moments: each plane's blocks merged in block order
+// (those in `blocks`, [plane][block], where `done`; the others summed from x), and the
+// planes in plane order into their channels.
 template <class T>
-void merge_blocks(int n, int c, long hw, const T* x, std::vector<Moments>& blocks, const std::vector<char>* done,
-                  double* mean, double* m2) {
+void merge_blocks(int n, int c, long hw, const T* x, const std::vector<Moments>* blocks,
+                  const std::vector<char>* done, double* mean, double* m2) {
   const BlockMoments<T> block = block_moments_for_cpu<T>();
   const long planes = long(n) * c, per_plane = blocks_per_plane(hw);
   std::vector<Moments> part(static_cast<size_t>(planes));
@@ -99,8 +99,8 @@ void merge_blocks(int n, int c, long hw, const T* x, std::vector<Moments>& block
     Moments m;
     for (long b = 0; b < per_plane; ++b) {
       const size_t i = size_t(p * per_plane + b);
-      if (!done || !(*done)[i]) blocks[i] = block(x + size_t(p) * hw + size_t(b) * kBlock, block_length(hw, b));
-      m.merge(blocks[i]);
+      m.merge(done && (*done)[i] ? (*blocks)[i]
+                                 : block(x + size_t(p) * hw + size_t(b) * kBlock, block_length(hw, b)));
     }
     part[size_t(p)] = m;
   }
@@ -116,18 +116,19 @@ void merge_blocks(int n, int c, long hw, const T* x, std::vector<Moments>& block
 
 template <class T>
 void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2) {
-  std::vector<Moments> blocks(size_t(n) * c * size_t(blocks_per_plane(hw)));
-  merge_blocks(n, c, hw, x, blocks, nullptr, mean, m2);
+  merge_blocks<T>(n, c, hw, x, nullptr, nullptr, mean, m2);
 }
 
 struct MomentsByBlocks::Blocks {
   int n, c;
   long hw;
+  const float* x;
   std::vector<Moments> moments;  // [plane][block]
   std::vector<char> done;
 };
 
-MomentsByBlocks::MomentsByBlocks(int n, int c, long hw) : blocks_(new Blocks{n, c, hw, {}, {}}) {
+MomentsByBlocks::MomentsByBlocks(int n, int c, long hw, const float* x)
+    : blocks_(new Blocks{n, c, hw, x, {}, {}}) {
   const size_t count = size_t(n) * c * size_t(blocks_per_plane(hw));
   blocks_->moments.resize(count);
   blocks_->done.assign(count, 0);
@@ -135,20 +136,23 @@ MomentsByBlocks::MomentsByBlocks(int n, int c, long hw) : blocks_(new Blocks{n, 
 
 MomentsByBlocks::~MomentsByBlocks() = default;
 
-void MomentsByBlocks::add_range(int image, int channel, const float* plane, long from, long to) {
+void MomentsByBlocks::add_range(int image, int channel, long from, long to) {
   static const BlockMoments<float> block = block_moments_for_cpu<float>();
   Blocks& k = *blocks_;
   const long p = long(image) * k.c + channel, per_plane = blocks_per_plane(k.hw);
+  const float* plane = k.x + size_t(p) * k.hw;
   to = std::min(to, k.hw);
-  for (long b = (from + kBlock - 1) / kBlock; b < per_plane && b * kBlock + block_length(k.hw, b) <= to; ++b) {
+  for (long b = (std::max(from, 0L) + kBlock - 1) / kBlock; b < per_plane && b * kBlock + block_length(k.hw, b) <= to;
+       ++b) {
     const size_t i = size_t(p * per_plane + b);
     k.moments[i] = block(plane + size_t(b) * kBlock, block_length(k.hw, b));
     k.done[i] = 1;
   }
 }
 
-void MomentsByBlocks::finish(const float* x, double* mean, double* m2) {
-  merge_blocks(blocks_->n, blocks_->c, blocks_->hw, x, blocks_->moments, &blocks_->done, mean, m2);
+void MomentsByBlocks::finish(double* mean, double* m2) {
+  const Blocks& k = *blocks_;
+  merge_blocks<float>(k.n, k.c, k.hw, k.x, &k.moments, &k.done, mean, m2);
 }
 
 template <class T>

@@ -20,18 +20,22 @@ namespace ht::cpu {
 template <class T>
 void channel_moments(int n, int c, long hw, const T* x, double* mean, double* m2);
 
-// channel_moments made while x is being written, by whoever writes it: the blocks of a
-// plane that lie wholly within a range its writer has just written are summed there
-// (while the range is in cache), finish() sums the rest from x and merges them all as
+// The elements of a plane that channel_moments sums in float before going to double: its
+// blocks start at the plane's first element.
+constexpr long kMomentsBlock = 1024;
+
+// channel_moments of float x made while x is being written, by whoever writes it: the
+// blocks of a plane that lie wholly within a range its writer has just written are summed
+// there (while the range is in cache), finish() sums the rest and merges them all as
 // channel_moments does, with the same bits. add_range is safe from several threads on
 // disjoint ranges.
 class MomentsByBlocks {
  public:
-  MomentsByBlocks(int n, int c, long hw);
+  MomentsByBlocks(int n, int c, long hw, const float* x);
   ~MomentsByBlocks();
-  // Elements [from, to) of plane (image, channel), whose first element is at `plane`.
-  void add_range(int image, int channel, const float* plane, long from, long to);
-  void finish(const float* x, double* mean, double* m2);
+  // Elements [from, to) of plane (image, channel), written.
+  void add_range(int image, int channel, long from, long to);
+  void finish(double* mean, double* m2);
 
  private:
   struct Blocks;

@@ -10,7 +10,6 @@
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "kernels/cpu/isa.hpp"
@@ -102,7 +101,7 @@ __attribute__((always_inline)) inline void forward_plane(const NormPoolShape& s,
 // row. 2 x 2 windows make g row by row; 4 x 4 ones spread a window row's dy and argmax over
 // its columns once (`code`: the argmax less the column's place in its window, so that row
 // r of the window has its maximum where code == r*4) and select g in the row's vector loop
-// (measured 2.3x faster at 4 x 4, slower at 2 x 2).
+// (measured 2-3.5x faster at 4 x 4 on AVX-512, slower at 2 x 2).
 template <class T, int K>
 __attribute__((always_inline)) inline void apply_plane(const NormPoolShape& s, const BackwardAffine<T>& f,
                                                        const T* xp, const T* dp, const uint8_t* ap, T* out) {
@@ -118,43 +117,41 @@ __attribute__((always_inline)) inline void apply_plane(const NormPoolShape& s, c
     const uint8_t* ar = ap + size_t(oh) * wo;
     const T* xr = xp + size_t(h) * s.w;
     T* orow = out + size_t(h) * s.w;
-    int zeros_from = 0;  // g is 0 from this column on, and the row's loop over g ends there
-    if (oh >= ho) {
-      zeros_from = 0;
-    } else if constexpr (spread) {
-      if (r == 0)
-        for (int j = 0; j < wo; ++j)
+    const int zeros_from = oh < ho ? covered : 0;  // g is 0 from this column on
+    if (oh < ho) {
+      if constexpr (spread) {
+        if (r == 0)
+          for (int j = 0; j < wo; ++j)
 #pragma GCC unroll 4
-          for (int k = 0; k < K; ++k) {
-            g[size_t(j) * K + k] = T(0) + dr[j];
-            code[size_t(j) * K + k] = int(ar[j]) - k;  // kNoArgmax: never r*K
-          }
-      const int here = r * K;
-      const T* gr = g.data();
-      const int* cr = code.data();
+            for (int k = 0; k < K; ++k) {
+              g[size_t(j) * K + k] = T(0) + dr[j];
+              code[size_t(j) * K + k] = int(ar[j]) - k;  // kNoArgmax: never r*K
+            }
+        const int here = r * K;
+        const T* gr = g.data();
+        const int* cr = code.data();
 #pragma omp simd
-      for (int i = 0; i < covered; ++i) {
-        const T gi = cr[i] == here ? gr[i] : T(0);
-        orow[i] = f.k * gi + f.a * (xr[i] - f.m) + f.b;
-      }
-      zeros_from = covered;
-    } else {
-      if constexpr (K > 0) {
-        for (int j = 0; j < wo; ++j) {
-          const int chosen = int(ar[j]) - r * K;  // kNoArgmax: never in [0, K)
-          const T d = T(0) + dr[j];
-#pragma GCC unroll 4
-          for (int k = 0; k < K; ++k) g[size_t(j) * K + k] = chosen == k ? d : T(0);
+        for (int i = 0; i < covered; ++i) {
+          const T gi = cr[i] == here ? gr[i] : T(0);
+          orow[i] = f.k * gi + f.a * (xr[i] - f.m) + f.b;
         }
       } else {
-        std::fill(g.begin(), g.end(), T(0));
-        for (int j = 0; j < wo; ++j)
-          if (ar[j] != kNoArgmax && ar[j] / kw == r) g[size_t(j) * kw + ar[j] % kw] = T(0) + dr[j];
-      }
-      const T* gr = g.data();
+        if constexpr (K > 0) {
+          for (int j = 0; j < wo; ++j) {
+            const int chosen = int(ar[j]) - r * K;  // kNoArgmax: never in [0, K)
+            const T d = T(0) + dr[j];
+#pragma GCC unroll 4
+            for (int k = 0; k < K; ++k) g[size_t(j) * K + k] = chosen == k ? d : T(0);
+          }
+        } else {
+          std::fill(g.begin(), g.end(), T(0));
+          for (int j = 0; j < wo; ++j)
+            if (ar[j] != kNoArgmax && ar[j] / kw == r) g[size_t(j) * kw + ar[j] % kw] = T(0) + dr[j];
+        }
+        const T* gr = g.data();
 #pragma omp simd
-      for (int i = 0; i < covered; ++i) orow[i] = f.k * gr[i] + f.a * (xr[i] - f.m) + f.b;
-      zeros_from = covered;
+        for (int i = 0; i < covered; ++i) orow[i] = f.k * gr[i] + f.a * (xr[i] - f.m) + f.b;
+      }
     }
 #pragma omp simd
     for (int i = zeros_from; i < s.w; ++i) orow[i] = f.k * T(0) + f.a * (xr[i] - f.m) + f.b;
@@ -198,7 +195,8 @@ using SumsPlane = void (*)(const NormPoolShape&, T, const T*, const T*, const ui
 template <class T>
 using ApplyPlane = void (*)(const NormPoolShape&, const BackwardAffine<T>&, const T*, const T*, const uint8_t*, T*);
 
-// A plane function's body built for baseline x86-64 (any T), AVX2 and AVX-512 (float).
+// A plane function's body built for baseline x86-64 (any T), AVX2 and AVX-512 (float only:
+// their T is a template parameter for the common signature, instantiated as float).
 #define HT_NORM_POOL_PLANE(name, body, Params, ...)                                  \
   template <class T, int K>                                                          \
   void name##_baseline Params { body<T, K>(__VA_ARGS__); }                           \

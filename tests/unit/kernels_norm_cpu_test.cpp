@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -144,28 +145,39 @@ TEST(NormCpu, MomentsInOnePassAreExactAroundLargeMeans) {
 }
 
 // MomentsByBlocks: whichever ranges a writer adds (none, all, ranges cutting blocks, one
-// range in pieces), finish() gives channel_moments' bits.
+// range in pieces, past the plane's end), finish() gives channel_moments' bits; and it
+// takes the added blocks from add_range: they are spoilt in x before finish() and the
+// moments stay those of the unspoilt x. Planes of 3000 (two whole blocks and part of a
+// third) and of 700 elements (one short block).
 TEST(NormCpu, MomentsByBlocksAreChannelMomentsWhateverRangesComeFirst) {
   const int n = 2, c = 3;
-  const long hw = 3000;  // two whole blocks and part of a third per plane
-  std::vector<float> x(size_t(n) * c * hw);
-  std::mt19937 rng(9);
-  std::normal_distribution<double> noise(0.0, 1.0);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = float((i / hw) % 2 ? 1e4 + 0.05 * noise(rng) : noise(rng));
-  std::vector<double> want_mean(c), want_m2(c);
-  channel_moments<float>(n, c, hw, x.data(), want_mean.data(), want_m2.data());
-  const std::vector<std::vector<std::pair<long, long>>> orders = {
-      {}, {{0, hw}}, {{0, 1500}, {1500, hw}}, {{100, 2100}}, {{2048, hw}, {0, 1024}}, {{0, 700}, {700, 2900}}};
-  for (const auto& ranges : orders) {
-    MomentsByBlocks moments(n, c, hw);
-    for (int i = 0; i < n; ++i)
-      for (int ch = 0; ch < c; ++ch)
-        for (const auto& [from, to] : ranges)
-          moments.add_range(i, ch, x.data() + (size_t(i) * c + ch) * hw, from, to);
-    std::vector<double> mean(c, -1), m2(c, -1);
-    moments.finish(x.data(), mean.data(), m2.data());
-    EXPECT_EQ(mean, want_mean) << ranges.size() << " ranges";
-    EXPECT_EQ(m2, want_m2) << ranges.size() << " ranges";
+  for (const long hw : {3000L, 700L}) {
+    std::vector<float> x(size_t(n) * c * hw);
+    std::mt19937 rng(9);
+    std::normal_distribution<double> noise(0.0, 1.0);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float((i / hw) % 2 ? 1e4 + 0.05 * noise(rng) : noise(rng));
+    std::vector<double> want_mean(c), want_m2(c);
+    channel_moments<float>(n, c, hw, x.data(), want_mean.data(), want_m2.data());
+    const std::vector<std::vector<std::pair<long, long>>> orders = {
+        {}, {{0, hw}}, {{0, 1500}, {1500, hw}}, {{100, 2100}}, {{2048, 9000}, {0, 1024}}, {{0, 700}, {700, 2900}}};
+    for (const auto& ranges : orders) {
+      std::vector<float> y = x;
+      MomentsByBlocks moments(n, c, hw, y.data());
+      for (int i = 0; i < n; ++i)
+        for (int ch = 0; ch < c; ++ch)
+          for (const auto& [from, to] : ranges) moments.add_range(i, ch, from, to);
+      // Spoil every block wholly inside an added range.
+      for (const auto& [from, to] : ranges)
+        for (long b0 = 0; b0 < hw; b0 += kMomentsBlock) {
+          const long b1 = std::min(hw, b0 + kMomentsBlock);
+          if (b0 >= from && b1 <= to)
+            for (size_t p = 0; p < size_t(n) * c; ++p) std::fill(&y[p * hw + b0], &y[p * hw + b1], NAN);
+        }
+      std::vector<double> mean(c, -1), m2(c, -1);
+      moments.finish(mean.data(), m2.data());
+      EXPECT_EQ(mean, want_mean) << hw << " elements, " << ranges.size() << " ranges";
+      EXPECT_EQ(m2, want_m2) << hw << " elements, " << ranges.size() << " ranges";
+    }
   }
 }
 

@@ -131,9 +131,9 @@ class Conv2DLayer : public WindowedLayer {
     const ConvGeom g = geom(in);
     Tensor y = make_output(x.n(), spec().out.c, out_rect_, "output");
     check_output(g, y);
-    if (mode != ForwardMode::Eval && read_by_batch_norm()) {
-      // Its statistics in the pass that writes y where the kernel can: the batch norm's
-      // channel_moments with the same bits, without reading y again.
+    if (mode != ForwardMode::Eval && statistics_wanted()) {
+      // The batch norm's channel_moments of y, with the same bits, summed where the kernel
+      // can as it writes y: the batch norm need not read y for them.
       ChannelMoments m{std::vector<double>(size_t(g.cout)), std::vector<double>(size_t(g.cout))};
       if (kernel(g).forward_with_moments(in.data(), weight(kernel_name_), weight("bias:0"), y.data(), m.mean.data(),
                                          m.m2.data()))
@@ -144,11 +144,15 @@ class Conv2DLayer : public WindowedLayer {
     if (!keeps_ext() || mode == ForwardMode::Eval) ext_.release();
     return y;
   }
-  // Whether a batch norm reads this layer's output.
-  bool read_by_batch_norm() const {
-    for (const LayerSpec& reader : model().layers)
-      if (reader.config.type() == "batch_norm" && reader.inputs.size() == 1 && reader.inputs[0] == index_ + 1)
+  // Whether a training batch norm reads this layer's output as its shard's tile, taking its
+  // statistics from it (not frozen: a frozen one normalises with its moving statistics).
+  bool statistics_wanted() const {
+    for (int r : model().readers[size_t(index_) + 1]) {
+      const LayerSpec& reader = model().layers[size_t(r)];
+      if (reader.config.type() == "batch_norm" && reader.config.trainable && !ctx_.plan.layers[size_t(r)].gathers &&
+          !(ctx_.frozen && !ctx_.frozen->empty() && (*ctx_.frozen)[size_t(r)]))
         return true;
+    }
     return false;
   }
   Tensor backward_impl(const Tensor& x, const Tensor&, const Tensor& dy, bool need_dx) override {

@@ -29,9 +29,9 @@ class ConvKernel {
  public:
   virtual ~ConvKernel() = default;
   virtual void forward(const float* x, const float* w, const float* bias, float* y) = 0;
-  // forward, and where this kernel can in the pass that writes y, y's channel moments as
-  // ComputeBackend::channel_moments makes them, to the bit (a batch norm reading y then
-  // need not read it again): returns whether it made them.
+  // forward, and where this kernel can as it writes y, y's channel moments as this
+  // backend's channel_moments makes them, to the bit (a batch norm reading y then need not
+  // read it for them): returns whether it made them.
   virtual bool forward_with_moments(const float* x, const float* w, const float* bias, float* y,
                                     double* host_mean, double* host_m2) {
     forward(x, w, bias, y);

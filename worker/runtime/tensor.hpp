@@ -118,10 +118,10 @@ class Tensor {
   void zero();
   void release();  // frees now
   void pass_on();  // Allocator::pass_on of its memory
-  // Its values' channel moments as the kernel that wrote them made them in that pass
-  // (ConvKernel::forward_with_moments), or null. Writers other than that kernel never
-  // write a tensor in place before its readers' forwards, and zero, release and pass_on
-  // drop them.
+  // Its values' channel moments as the kernel that wrote them made them
+  // (ConvKernel::forward_with_moments), or null. They hold because no layer's forward
+  // writes its inputs (a backward writing over an activation first passes its memory on);
+  // zero, release and pass_on drop them.
   const ChannelMoments* moments() const { return moments_.get(); }
   void set_moments(ChannelMoments m) { moments_ = std::make_unique<ChannelMoments>(std::move(m)); }
 
