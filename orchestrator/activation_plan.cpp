@@ -59,6 +59,7 @@ class StepTimeModel {
       Shard s;
       s.allreduce = allreduce;
       s.sizes = rank_sizes(config, plan, r);
+      s.fused = fused_chains(s.sizes);
       const int node = node_of(config, r);
       for (int l = 0; l < L; ++l) {
         const LayerSpec& spec = m.layers[l];
@@ -103,8 +104,7 @@ class StepTimeModel {
       const std::vector<char> read = read_by_backward(model_, s.sizes, policies);
       // Nor is one made inside a fused chain (the batch norm's output, a pooled chain's
       // ReLU's): never made, never sent.
-      const std::vector<int> fused = fused_chains(s.sizes);
-      auto inner = [&](size_t l) { return fused[l] >= 0 && s.sizes.layers[size_t(fused[l])].chain_tail != int(l); };
+      auto inner = [&](size_t l) { return inside_fused_chain(s.sizes, s.fused, int(l)); };
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
@@ -130,6 +130,7 @@ class StepTimeModel {
     std::vector<double> forward, offload, sends, regather;
     double halo = 0, allreduce = 0;
     RankSizes sizes;
+    std::vector<int> fused;  // fused_chains(sizes)
   };
   const ModelSpec& model_;
   bool overlap_;

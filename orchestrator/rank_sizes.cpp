@@ -158,6 +158,10 @@ std::vector<int> fused_chains(const RankSizes& sizes) {
   return head;
 }
 
+bool inside_fused_chain(const RankSizes& sizes, const std::vector<int>& fused, int l) {
+  return fused[size_t(l)] >= 0 && sizes.layers[size_t(fused[size_t(l)])].chain_tail != l;
+}
+
 RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   const ModelSpec& m = plan.model;
   const int b = local_batch(config, plan), L = int(m.layers.size());

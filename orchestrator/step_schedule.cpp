@@ -122,9 +122,7 @@ class StepWalk {
     return backward_reads_inputs(m_.layers[size_t(l)], at(l), policy_[size_t(l)]);
   }
   bool reads_own_output(int l) const { return backward_reads_output(m_, z_, fused_, l); }
-  bool inner_of_chain(int t) const {
-    return t > 0 && fused(t - 1) && at(fused_[size_t(t) - 1]).chain_tail != t - 1;
-  }
+  bool inner_of_chain(int t) const { return t > 0 && inside_fused_chain(z_, fused_, t - 1); }
 
   // One phase of an exchange (HaloExchange::start_phase, finish_phase): the buffer packed
   // for the peers and the one received into, both freed at its end. A backward exchange

@@ -152,6 +152,9 @@ bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, Acti
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);
 std::vector<int> fused_chains(const RankSizes& sizes);
+// Whether layer l is inside a fused chain (`fused`: fused_chains) before its last layer:
+// its output is never made.
+bool inside_fused_chain(const RankSizes& sizes, const std::vector<int>& fused, int l);
 
 // Whether a windowed layer keeps its halo-extended input from forward to backward (under
 // keep, when its backward reads it and it is not the input itself).

@@ -1,6 +1,7 @@
 // The elementwise halves of batch norm, and of its per-plane form (instance and group
 // norm), in double per element: the statistics arrive as doubles reduced over all shards,
 // and double keeps x - mean exact for large means.
+#include "kernels/cuda/bn.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.hpp"
 
@@ -10,24 +11,15 @@ namespace {
 __global__ void bn_forward_apply_kernel(int64_t total, int c, int64_t hw, const float* x, const double* mean,
                                         const double* invstd, const float* gamma, const float* beta,
                                         float* y) {
-  HT_GRID_STRIDE(i, total) {
-    const int ch = int(i / hw % c);
-    const double g = gamma ? double(gamma[ch]) : 1.0, b = beta ? double(beta[ch]) : 0.0;
-    y[i] = float((double(x[i]) - mean[ch]) * invstd[ch] * g + b);
-  }
+  HT_GRID_STRIDE(i, total) y[i] = bn_forward_value(x[i], int(i / hw % c), mean, invstd, gamma, beta);
 }
 
-// dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), the training-
-// mode gradient through the batch statistics; sums and count cover every shard.
 __global__ void bn_backward_apply_kernel(int64_t total, int c, int64_t hw, const float* dy, const float* x,
                                          const double* mean, const double* invstd, const float* gamma,
                                          const double* sum_dy, const double* sum_dy_xhat, double count,
                                          float* dx) {
   HT_GRID_STRIDE(i, total) {
-    const int ch = int(i / hw % c);
-    const double g = gamma ? double(gamma[ch]) : 1.0;
-    const double xhat = (double(x[i]) - mean[ch]) * invstd[ch];
-    dx[i] = float(g * invstd[ch] * (double(dy[i]) - sum_dy[ch] / count - xhat * sum_dy_xhat[ch] / count));
+    dx[i] = bn_backward_value(dy[i], x[i], int(i / hw % c), mean, invstd, gamma, sum_dy, sum_dy_xhat, count);
   }
 }
 

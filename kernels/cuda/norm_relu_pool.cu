@@ -1,11 +1,12 @@
 // Batch norm, ReLU and a max pool whose windows tile the plane, fused (the step schedule's
 // pooled chain; the CPU's kernels/cpu/norm_relu_pool.hpp): the forward writes the pooled
 // tensor and one argmax byte per window, the backward reads them and the chain's input.
-// Each value is what the unfused CUDA kernels make: bn_forward_apply's in double rounded to
-// float, relu_forward's, max_pool_forward's rule (the first maximum in row-major order, NaN
+// Each value is what the unfused CUDA kernels make: bn_forward_apply's (bn.cuh, shared with
+// bn.cu), relu_forward's, max_pool_forward's rule (the first maximum in row-major order, NaN
 // wins); the input gradient is bn_backward_apply's formula over the gradient that
 // max_pool_backward and relu_backward pass down, so for the same sums it has their bits.
 // The sums add the same terms in another order: equal within rounding.
+#include "kernels/cuda/bn.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.hpp"
 
@@ -19,14 +20,13 @@ __global__ void forward_kernel(NormPoolShape s, int ho, int wo, const float* x, 
   HT_GRID_STRIDE(i, total) {
     const int64_t p = i / (int64_t(ho) * wo);
     const int ch = int(p % s.c), oh = int(i / wo % ho), ow = int(i % wo);
-    const double g = gamma ? double(gamma[ch]) : 1.0, b = beta ? double(beta[ch]) : 0.0;
     const float* xp = x + p * int64_t(s.h) * s.w;
     float best = -INFINITY;
     int at = -1;
     for (int r = 0; r < s.kh; ++r)
       for (int q = 0; q < s.kw; ++q) {
         const float xv = xp[int64_t(oh * s.kh + r) * s.w + int64_t(ow) * s.kw + q];
-        float v = float((double(xv) - mean[ch]) * invstd[ch] * g + b);
+        float v = bn_forward_value(xv, ch, mean, invstd, gamma, beta);
         v = v < 0.f ? 0.f : v;  // relu_forward: NaN passes
         if (at < 0 || v > best || isnan(v)) {
           best = v;
@@ -75,9 +75,7 @@ __global__ void backward_apply_kernel(NormPoolShape s, int ho, int wo, const flo
       const int a = argmax[yi];
       if (a != kNoArgmax && a == (h - oh * s.kh) * s.kw + (w - ow * s.kw)) grad = 0.f + dy[yi];
     }
-    const double g = gamma ? double(gamma[ch]) : 1.0;
-    const double xhat = (double(x[i]) - mean[ch]) * invstd[ch];
-    dx[i] = float(g * invstd[ch] * (double(grad) - sum_dy[ch] / count - xhat * sum_dy_xhat[ch] / count));
+    dx[i] = bn_backward_value(grad, x[i], ch, mean, invstd, gamma, sum_dy, sum_dy_xhat, count);
   }
 }
 
