@@ -302,5 +302,36 @@ TEST(AllocatorCache, OffFreesAtOnce) {
   EXPECT_EQ(a.reserved(), 0u);
 }
 
+// Channel moments made by the kernel that wrote a tensor go with it when it moves, and go
+// when its memory is zeroed, freed or passed on (a gradient written over it): a batch norm
+// never reads moments of values they were not made from.
+TEST(TensorMoments, MoveWithTheTensorAndGoWhenItsValuesMayChange) {
+  Allocator a("test");
+  auto made = [&] {
+    Tensor t(a, 1, 2, 3, 4, "t");
+    t.set_moments({{1.0, 2.0}, {3.0, 4.0}});
+    return t;
+  };
+  Tensor t = made();
+  ASSERT_NE(t.moments(), nullptr);
+  EXPECT_EQ(t.moments()->mean, (std::vector<double>{1.0, 2.0}));
+  Tensor moved(std::move(t));
+  EXPECT_EQ(t.moments(), nullptr);
+  ASSERT_NE(moved.moments(), nullptr);
+  EXPECT_EQ(moved.moments()->m2, (std::vector<double>{3.0, 4.0}));
+  Tensor assigned = made();
+  assigned = std::move(moved);
+  ASSERT_NE(assigned.moments(), nullptr);
+  EXPECT_EQ(assigned.moments()->mean, (std::vector<double>{1.0, 2.0}));
+  assigned.zero();
+  EXPECT_EQ(assigned.moments(), nullptr);
+  Tensor passed = made();
+  passed.pass_on();
+  EXPECT_EQ(passed.moments(), nullptr);
+  Tensor released = made();
+  released.release();
+  EXPECT_EQ(released.moments(), nullptr);
+}
+
 }  // namespace
 }  // namespace ht
