@@ -73,7 +73,8 @@ ScratchArena& thread_scratch() {
 // an input's frame is zeroed, an output's dropped.
 struct Port {
   memory::desc user, prim;
-  memory::dims offset;  // empty: the same dims
+  memory::dims offset;    // empty: the same dims
+  memory::desc interior;  // framed: the user's part of prim
   std::optional<dnnl::reorder> to_prim, to_user;
 
   void init(const dnnl::engine& eng, const memory::desc& u, const memory::desc& p, bool output,
@@ -84,11 +85,19 @@ struct Port {
     to_prim.reset();
     to_user.reset();
     if (!offset.empty()) {
-      const memory::desc interior = p.submemory_desc(u.dims(), offset);
-      if (output)
+      interior = p.submemory_desc(u.dims(), offset);
+      if (output) {
         to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, interior, eng, u));
-      else
-        to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, interior));
+        return;
+      }
+      // zero_frame's layouts: NCHW with at most an inner block of channels (what oneDNN's
+      // convolutions take).
+      const auto& d = p.data;
+      const auto& blk = d.format_desc.blocking;
+      if (d.format_kind != dnnl_blocked || d.ndims != 4 || blk.inner_nblks > 1 ||
+          (blk.inner_nblks == 1 && blk.inner_idxs[0] != 1))
+        throw std::logic_error("DnnlConv2d: a framed tensor in a layout other than channel blocks");
+      to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, interior));
       return;
     }
     if (u == p) return;
@@ -106,22 +115,19 @@ struct Port {
     memory pm(prim, eng, arena.get(slot, prim.get_size()));
     if (!offset.empty()) {
       zero_frame(static_cast<float*>(pm.get_data_handle()));
-      memory interior(prim.submemory_desc(user.dims(), offset), eng, pm.get_data_handle());
-      to_prim->execute(s, um, interior);
+      memory inside(interior, eng, pm.get_data_handle());
+      to_prim->execute(s, um, inside);
       return pm;
     }
     to_prim->execute(s, um, pm);
     return pm;
   }
-  // Zeroes the framed tensor outside the user's interior. A framed layout is NCHW with at
-  // most an inner block of channels (what oneDNN's convolutions take): each (n, channel
-  // block, h, w) holds one contiguous block.
+  // Zeroes the framed tensor outside the user's interior. Its layout (checked by init) is
+  // NCHW with at most an inner block of channels: each (n, channel block, h, w) holds one
+  // contiguous block.
   void zero_frame(float* base) const {
     const dnnl_memory_desc_t& d = prim.data;
     const auto& blk = d.format_desc.blocking;
-    if (d.format_kind != dnnl_blocked || d.ndims != 4 || blk.inner_nblks > 1 ||
-        (blk.inner_nblks == 1 && blk.inner_idxs[0] != 1))
-      throw std::logic_error("DnnlConv2d: a framed tensor in a layout other than channel blocks");
     const memory::dim inner = blk.inner_nblks ? blk.inner_blks[0] : 1;
     const memory::dim n = d.padded_dims[0], cb = d.padded_dims[1] / inner, h = d.padded_dims[2],
                       w = d.padded_dims[3];
@@ -158,7 +164,7 @@ struct Port {
   void finish(const dnnl::engine& eng, dnnl::stream& s, const memory& pm, float* p) const {
     if (!to_user) return;
     memory um(user, eng, p);
-    memory src = offset.empty() ? pm : memory(prim.submemory_desc(user.dims(), offset), eng, pm.get_data_handle());
+    memory src = offset.empty() ? pm : memory(interior, eng, pm.get_data_handle());
     to_user->execute(s, src, um);
   }
 };
@@ -257,6 +263,19 @@ struct DnnlConv2d::Impl {
     if (eight && d.dims()[1] % 8 == 0) return memory::desc(d.dims(), dt::f32, tag::aBcd8b);
     return any(d);
   }
+  // make(true) (activations in 8-channel blocks) where `channels` is 8 mod 16 and this CPU
+  // has such kernels, else make(false).
+  template <class Make>
+  static auto eight_or_plain(int channels, Make make) {
+    if (eight_mod_sixteen(channels)) {
+      try {
+        return make(true);
+      } catch (const dnnl::error&) {  // no 8-block kernel on this CPU
+      }
+    }
+    return make(false);
+  }
+
   static dnnl::primitive_attr attr() {
     dnnl::primitive_attr a;
     a.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // the scratchpad lives in the arena
@@ -270,6 +289,7 @@ struct DnnlConv2d::Impl {
     if (t == nthr) return;
     nthr = t;
     hint.reset(), data_hint.reset();
+    on_winograd = 0;  // the rebuilt passes decide again (the scratchpad limit follows the threads)
     fwd[0].reset(), fwd[1].reset();
     bwd_data.reset();
     bwd_w[0].reset(), bwd_w[1].reset();
@@ -307,13 +327,9 @@ struct DnnlConv2d::Impl {
   dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool data_problem = false, bool hint = false) {
     return with_algorithm(data_problem ? kConvBackwardData : kConvForward,
                           [&](dnnl::algorithm alg) {
-                            if (eight_mod_sixteen(int(y_md.dims()[1]))) {
-                              try {
-                                return fwd_pd(bias, true, alg, data_problem);
-                              } catch (const dnnl::error&) {  // no 8-block kernel on this CPU
-                              }
-                            }
-                            return fwd_pd(bias, false, alg, data_problem);
+                            return eight_or_plain(int(y_md.dims()[1]), [&](bool eight) {
+                              return fwd_pd(bias, eight, alg, data_problem);
+                            });
                           },
                           hint);
   }
@@ -343,18 +359,11 @@ struct DnnlConv2d::Impl {
     if (!bwd_data) {
       auto make_pd = [&] {
         return with_algorithm(kConvBackwardData, [&](dnnl::algorithm alg) {
-          auto make = [&](bool eight) {
+          return eight_or_plain(int(x_md.dims()[1]), [&](bool eight) {
             dnnl::convolution_backward_data::desc d(alg, act(dx_md, eight), any(w_md), act(dy_md, eight), strides,
                                                     dilates, bpad_l, bpad_r);
             return dnnl::convolution_backward_data::primitive_desc(d, attr(), eng, get_hint(true));
-          };
-          if (eight_mod_sixteen(int(x_md.dims()[1]))) {
-            try {
-              return make(true);
-            } catch (const dnnl::error&) {
-            }
-          }
-          return make(false);
+          });
         });
       };
       auto pd = make_pd();
