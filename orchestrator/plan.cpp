@@ -43,14 +43,12 @@ std::vector<MemoryEstimate> all_estimates(const Config& config, const ShardPlan&
 }
 
 // What a training run needs on its busiest rank under these policies: all_estimates's
-// largest, the step's by StepMemory's replay (which records no schedule: the grid search
-// asks this of every candidate).
+// largest. Without validation the step's alone, by StepMemory's replay, which records no
+// schedule (the grid search asks this of every candidate).
 uint64_t run_peak(const Config& config, const ShardPlan& plan, const LayerPolicies& policies) {
-  uint64_t peak = estimate_memory_max(config, plan, policies).total;
-  if (!config.data.validation.empty())
-    for (int r = 0; r < plan.shards(); ++r)
-      peak = std::max(peak,
-                      estimate_validation_memory(config, plan, training_schedule(config, plan, r, policies)).total);
+  if (config.data.validation.empty()) return estimate_memory_max(config, plan, policies).total;
+  uint64_t peak = 0;
+  for (const MemoryEstimate& e : all_estimates(config, plan, policies)) peak = std::max(peak, e.total);
   return peak;
 }
 
@@ -66,7 +64,7 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   // gradient (in the same memory where LayerTraits::backward_in_place), beside the image
   // tile and targets; a chain that may be fused (step_schedule.hpp chain_in_model), its
   // input and the input's gradient (one of them where the chain alone reads its input:
-  // chain_dx_over_input), and without a pool the ReLU's output. Owned tiles partition the
+  // LayerSizes::chain_dx_over_input), and without a pool the ReLU's output. Owned tiles partition the
   // image, so some rank holds at least 1/S of the whole image's sizes.
   const ModelSpec& m = model;
   const uint64_t b = uint64_t(local_batch(config, groups));
