@@ -1,25 +1,27 @@
 // Float kernels against references in double, shared by the kernel tests: random inputs
-// exactly representable in float, the elementwise comparison, a convolution geometry.
+// exactly representable in float, the elementwise comparison, a convolution geometry and
+// its name.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/gradient_check.hpp"
 #include "kernels/geometry.hpp"
 
 namespace ht::testing {
 
-using Vec = std::vector<double>;
 using VecF = std::vector<float>;
 
-inline Vec random_vec(size_t n, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> d(-1, 1);
-  Vec v(n);
-  for (auto& x : v) x = double(float(d(rng)));  // exactly representable in float
+// Uniform in [-1, 1), each value exactly representable in float.
+inline Vec random_float_vec(size_t n, std::mt19937_64& rng) {
+  Vec v = random_vec(n, rng);
+  for (auto& x : v) x = double(float(x));
   return v;
 }
 inline VecF to_float(const Vec& v) { return VecF(v.begin(), v.end()); }
@@ -45,6 +47,14 @@ inline ConvGeom geom(int n, int cin, int h, int w, int cout, int kh, int kw, int
   g.stride_h = sh, g.stride_w = sw, g.dil_h = dh, g.dil_w = dw;
   g.pad_top = pt, g.pad_bottom = pb, g.pad_left = pl, g.pad_right = pr;
   return g;
+}
+
+inline std::string str(const ConvGeom& g) {
+  char b[256];
+  std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n, g.cin, g.hin,
+                g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h, g.dil_w, g.pad_top, g.pad_bottom,
+                g.pad_left, g.pad_right);
+  return b;
 }
 
 }  // namespace ht::testing

@@ -24,6 +24,7 @@
 #include "kernels/cpu/pool.hpp"
 
 #include "common/gradient_check.hpp"
+#include "common/kernel_checks.hpp"
 
 namespace ht::cpu {
 namespace {
@@ -35,22 +36,8 @@ using testing::Vec;
 
 // ---------------------------------------------------------------------------- conv
 
-std::string str(const ConvGeom& g) {
-  char b[256];
-  std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n,
-                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h, g.dil_w,
-                g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
-  return b;
-}
-
-ConvGeom geom(int n, int cin, int h, int w, int cout, int kh, int kw, int sh, int sw, int dh,
-              int dw, int pt, int pb, int pl, int pr) {
-  ConvGeom g;
-  g.n = n, g.cin = cin, g.hin = h, g.win = w, g.cout = cout, g.kh = kh, g.kw = kw;
-  g.stride_h = sh, g.stride_w = sw, g.dil_h = dh, g.dil_w = dw;
-  g.pad_top = pt, g.pad_bottom = pb, g.pad_left = pl, g.pad_right = pr;
-  return g;
-}
+using testing::geom;
+using testing::str;
 
 std::vector<ConvGeom> conv_geoms() {
   std::vector<ConvGeom> gs = {

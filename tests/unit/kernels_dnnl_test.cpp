@@ -25,14 +25,6 @@ namespace {
 
 using namespace ht::testing;  // tests/common/kernel_checks.hpp
 
-std::string str(const ConvGeom& g) {
-  char b[256];
-  std::snprintf(b, sizeof b, "n%d ci%d %dx%d co%d k%dx%d s%d,%d d%d,%d pad t%d b%d l%d r%d", g.n,
-                g.cin, g.hin, g.win, g.cout, g.kh, g.kw, g.stride_h, g.stride_w, g.dil_h, g.dil_w,
-                g.pad_top, g.pad_bottom, g.pad_left, g.pad_right);
-  return b;
-}
-
 std::vector<ConvGeom> dnnl_geoms() {
   std::vector<ConvGeom> gs = {
       geom(2, 16, 17, 19, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),  // the common layer, blocked
@@ -96,8 +88,8 @@ std::vector<ConvGeom> dnnl_geoms() {
 void check_dnnl(const ConvGeom& g, std::mt19937_64& rng, bool with_bias) {
   const std::string ctx = str(g) + (with_bias ? " bias" : " no-bias") + " threads " +
                           std::to_string(omp_get_max_threads());
-  Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng), b = random_vec(g.cout, rng),
-      dy = random_vec(g.y_size(), rng);
+  Vec x = random_float_vec(g.x_size(), rng), w = random_float_vec(g.w_size(), rng), b = random_float_vec(g.cout, rng),
+      dy = random_float_vec(g.y_size(), rng);
   Vec y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(g.cout);
   conv2d_forward<double>(g, x.data(), w.data(), with_bias ? b.data() : nullptr, y.data());
   conv2d_backward_data<double>(g, dy.data(), w.data(), dx.data());
@@ -148,7 +140,7 @@ TEST(DnnlConv2d, ForwardWithMomentsGivesBatchNormsMomentsToTheBit) {
     for (size_t i = 0; i < gs.size(); ++i) {
       const ConvGeom& g = gs[i];
       SCOPED_TRACE(str(g) + " threads " + std::to_string(threads));
-      VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng));
+      VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng));
       VecF b(size_t(g.cout), i % 2 ? 1e4f : 0.5f);  // odd ones: a large mean
       VecF y(g.y_size(), NAN), y2(g.y_size(), NAN);
       DnnlConv2d conv(g);
@@ -205,8 +197,8 @@ TEST(DnnlConv2d, SmallChannelKernelsServeTheirGeometries) {
 TEST(DnnlConv2d, WinogradServesWideThreeByThree) {
   auto passes_run = [](const ConvGeom& g, ConvKernels kernels) {
     std::mt19937_64 rng(5);
-    VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng));
-    VecF dy = to_float(random_vec(g.y_size(), rng)), y(g.y_size()), dx(g.x_size()), dw(g.w_size());
+    VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng));
+    VecF dy = to_float(random_float_vec(g.y_size(), rng)), y(g.y_size()), dx(g.x_size()), dw(g.w_size());
     DnnlConv2d conv(g, nullptr, kernels);
     conv.forward(x.data(), w.data(), nullptr, y.data());
     conv.backward(x.data(), dy.data(), w.data(), dw.data(), nullptr, [&] { return dx.data(); });
@@ -289,8 +281,8 @@ TEST(DnnlConv2d, WinogradNeverTransformsWholeTensors) {
 uint64_t small_conv_bits() {
   const ConvGeom g = geom(2, 12, 37, 101, 13, 3, 3, 1, 1, 1, 1, 1, 2, 0, 1);
   std::mt19937_64 rng(5);
-  VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
-       b = to_float(random_vec(g.cout, rng)), dy = to_float(random_vec(g.y_size(), rng));
+  VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng)),
+       b = to_float(random_float_vec(g.cout, rng)), dy = to_float(random_float_vec(g.y_size(), rng));
   VecF y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(g.cout);
   DnnlConv2d conv(g);
   conv.forward(x.data(), w.data(), b.data(), y.data());
@@ -343,8 +335,8 @@ TEST(DnnlConv2d, ReusedAcrossCallsAndThreadCounts) {
   const int saved = omp_get_max_threads();
   for (int rep = 0; rep < 3; ++rep) {
     omp_set_num_threads(rep % 2 + 1);
-    Vec x = random_vec(g.x_size(), rng), w = random_vec(g.w_size(), rng),
-        dy = random_vec(g.y_size(), rng);
+    Vec x = random_float_vec(g.x_size(), rng), w = random_float_vec(g.w_size(), rng),
+        dy = random_float_vec(g.y_size(), rng);
     Vec y(g.y_size()), dw(g.w_size());
     conv2d_forward<double>(g, x.data(), w.data(), nullptr, y.data());
     conv2d_backward_weights<double>(g, x.data(), dy.data(), dw.data(), nullptr);
@@ -387,8 +379,8 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
       omp_set_num_threads(threads);
       RecordingArena all, forward_only;
       DnnlConv2d conv(g, &all), inference(g, &forward_only);
-      VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
-           dy = to_float(random_vec(g.y_size(), rng)), b(size_t(g.cout), 0.5f);
+      VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng)),
+           dy = to_float(random_float_vec(g.y_size(), rng)), b(size_t(g.cout), 0.5f);
       VecF y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(size_t(g.cout));
       for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
         conv.forward(x.data(), w.data(), bias, y.data());
@@ -432,8 +424,8 @@ TEST(DnnlConv2d, BackwardReordersDyOnceForBothPasses) {
   for (const auto& [g, shared] : cases) {
     RecordingArena apart_arena, both_arena;
     DnnlConv2d apart(g, &apart_arena), both(g, &both_arena);
-    const VecF x = to_float(random_vec(g.x_size(), rng)), w = to_float(random_vec(g.w_size(), rng)),
-               dy = to_float(random_vec(g.y_size(), rng));
+    const VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng)),
+               dy = to_float(random_float_vec(g.y_size(), rng));
     VecF dw(g.w_size()), db(size_t(g.cout)), dx(g.x_size());
     apart.backward_weights(x.data(), dy.data(), dw.data(), db.data());
     const int apart_b_after_weights = apart_arena.calls[kScratchB];

@@ -31,10 +31,10 @@ TEST(Optim, SgdMomentumThreeSteps) {
   std::mt19937_64 rng(24);
   const size_t n = 37;
   const double lr = 0.05, mu = 0.9;
-  Vec w = random_vec(n, rng), v(n, 0.0);
+  Vec w = random_float_vec(n, rng), v(n, 0.0);
   VecF wf = to_float(w), vf(n, 0.f), wf0 = wf;
   for (int step = 1; step <= 3; ++step) {
-    Vec g = random_vec(n, rng);
+    Vec g = random_float_vec(n, rng);
     VecF gf = to_float(g);
     for (size_t i = 0; i < n; ++i) {
       v[i] = mu * v[i] + g[i];
@@ -54,10 +54,10 @@ TEST(Optim, AdamThreeSteps) {
   std::mt19937_64 rng(25);
   const size_t n = 41;
   const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-7;
-  Vec w = random_vec(n, rng), m(n, 0.0), v(n, 0.0);
+  Vec w = random_float_vec(n, rng), m(n, 0.0), v(n, 0.0);
   VecF wf = to_float(w), mf(n, 0.f), vf(n, 0.f);
   for (int t = 1; t <= 3; ++t) {
-    Vec g = random_vec(n, rng);
+    Vec g = random_float_vec(n, rng);
     for (auto& x : g) x *= t == 2 ? 1e-3 : 1.0;  // a small-gradient step too
     VecF gf = to_float(g);
     // torch.optim.Adam (PyTorch 1.13, foreach=False), written out in double.
@@ -245,26 +245,26 @@ TEST(TorchOracle, KernelsMatchPyTorch) {
                       double(cg.kh), double(cg.kw), double(cg.stride_h), double(cg.stride_w),
                       double(cg.dil_h), double(cg.dil_w), double(cg.pad_top), double(cg.pad_bottom),
                       double(cg.pad_left), double(cg.pad_right)});
-  o.put("conv_x", random_vec(cg.x_size(), rng));
-  o.put("conv_w", random_vec(cg.w_size(), rng));
-  o.put("conv_b", random_vec(cg.cout, rng));
-  o.put("conv_dy", random_vec(cg.y_size(), rng));
+  o.put("conv_x", random_float_vec(cg.x_size(), rng));
+  o.put("conv_w", random_float_vec(cg.w_size(), rng));
+  o.put("conv_b", random_float_vec(cg.cout, rng));
+  o.put("conv_dy", random_float_vec(cg.y_size(), rng));
   Vec px(2 * 3 * 7 * 8);  // small integers: many ties inside windows
   for (auto& v : px) v = double(rng() % 3) - 3;
   o.put("pool_x", px);
-  o.put("pool_dy", random_vec(2 * 3 * 4 * 4, rng));
-  o.put("bn_x", random_vec(3 * 4 * 30, rng));
-  o.put("bn_g", random_vec(4, rng));
-  o.put("bn_b", random_vec(4, rng));
-  o.put("bn_dy", random_vec(3 * 4 * 30, rng));
-  o.put("xent_z", random_vec(20, rng));
+  o.put("pool_dy", random_float_vec(2 * 3 * 4 * 4, rng));
+  o.put("bn_x", random_float_vec(3 * 4 * 30, rng));
+  o.put("bn_g", random_float_vec(4, rng));
+  o.put("bn_b", random_float_vec(4, rng));
+  o.put("bn_dy", random_float_vec(3 * 4 * 30, rng));
+  o.put("xent_z", random_float_vec(20, rng));
   o.put("xent_l", {0, 3, 1, 1, 2});
-  Vec bz = random_vec(30, rng), bt(30);
+  Vec bz = random_float_vec(30, rng), bt(30);
   for (size_t i = 0; i < bz.size(); ++i) bz[i] *= 20, bt[i] = double(i % 2);
   o.put("bce_z", bz);
   o.put("bce_t", bt);
-  o.put("opt_w", random_vec(50, rng));
-  o.put("opt_g", random_vec(150, rng));
+  o.put("opt_w", random_float_vec(50, rng));
+  o.put("opt_g", random_float_vec(150, rng));
   ASSERT_TRUE(o.run()) << "the torch script failed";
   check_conv(o, cg);
   check_pools(o);
