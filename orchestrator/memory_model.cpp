@@ -138,7 +138,7 @@ uint64_t StepMemory::lower_bound() const {
     // gradients; one of them where the input gradient takes the output gradient's memory.
     // A chain that may be fused holds at least its input and its gradient (fused_chains),
     // and without a pool the ReLU's output; one of them where the gradient takes the
-    // input's memory (chain_dx_over_input).
+    // input's memory (LayerSizes::chain_dx_over_input).
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
       if (z.chain_tail >= 0) {
@@ -205,7 +205,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       const LayerSizes& head = sizes.layers[size_t(fused[size_t(l)])];
       if (fused[size_t(l)] == l) {
         x.activations = z.argmax;
-        // The input gradient: over the input where the chain alone reads it (chain_dx_over_input).
+        // The input gradient: over the input where the chain alone reads it (LayerSizes::chain_dx_over_input).
         const bool own = z.chain_pools && !z.chain_dx_over_input;
         x.transient = sizes.layers[size_t(z.chain_tail)].out + (makes_input_gradient(L) && own ? z.owned_in : 0);
       } else if (head.chain_tail == l) {

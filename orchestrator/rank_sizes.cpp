@@ -129,12 +129,6 @@ bool backward_reads_output(const ModelSpec& m, const RankSizes& sizes, const std
   return !head.chain_pools && head.chain_tail == l;
 }
 
-bool chain_dx_over_input(const ModelSpec& m, const RankSizes& sizes, const std::vector<int>& fused, int head) {
-  if (!sizes.layers[size_t(head)].chain_pools) return false;
-  const int t = m.layers[size_t(head)].inputs[0];
-  return t > 0 && m.readers[size_t(t)] == std::vector<int>{head} && !backward_reads_output(m, sizes, fused, t - 1);
-}
-
 std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, const LayerPolicies& policies) {
   const size_t L = m.layers.size();
   const std::vector<int> fused = fused_chains(sizes);
@@ -161,6 +155,17 @@ std::vector<int> fused_chains(const RankSizes& sizes) {
 bool inside_fused_chain(const RankSizes& sizes, const std::vector<int>& fused, int l) {
   return fused[size_t(l)] >= 0 && sizes.layers[size_t(fused[size_t(l)])].chain_tail != l;
 }
+
+namespace {
+
+// LayerSizes::chain_dx_over_input of the chain headed by `head`.
+bool chain_dx_over_input(const ModelSpec& m, const RankSizes& sizes, const std::vector<int>& fused, int head) {
+  if (!sizes.layers[size_t(head)].chain_pools) return false;
+  const int t = m.layers[size_t(head)].inputs[0];
+  return t > 0 && m.readers[size_t(t)] == std::vector<int>{head} && !backward_reads_output(m, sizes, fused, t - 1);
+}
+
+}  // namespace
 
 RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, ConvUse use) {
   const ModelSpec& m = plan.model;

@@ -70,7 +70,11 @@ struct LayerSizes {
   // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
   // chain's last layer (its ReLU, or its max pool), whether it is a pool, the bytes of the
   // pool's argmax (one per window, in whole floats), and whether its input gradient is
-  // written over its input (chain_dx_over_input).
+  // written over its input (LayerSizes::chain_dx_over_input): a pooled chain's is (a per-element pass
+  // that reads each input value before writing the gradient there; the CPU's and the CUDA
+  // kernels) where the chain alone reads the input, which is a layer's output (not the
+  // image) whose own backward does not read it. Without a pool the input gradient takes the
+  // output gradient's memory instead.
   int chain_tail = -1;
   bool chain_pools = false;
   uint64_t argmax = 0;
@@ -132,13 +136,6 @@ std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& size
 // (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's
 // backward reads the ReLU's output for its mask).
 bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
-// Whether the pooled chain headed by `head` writes its input gradient over its input (a
-// per-element pass that reads each input value before writing the gradient there; the
-// CPU's and the CUDA kernels): where the chain alone reads the input, which is a layer's
-// output (not the image) whose own backward does not read it. Without a pool the input
-// gradient takes the output gradient's memory instead. rank_sizes sets it in
-// LayerSizes::chain_dx_over_input, which is what the schedule and the memory model read.
-bool chain_dx_over_input(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int head);
 // What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
 // its layer's policy where it is read again (`read`: read_by_backward), else it goes as
 // under recompute.
@@ -229,7 +226,7 @@ struct StepSchedule {
   std::vector<StepOp> ops;
   std::vector<int> fused;  // training: fused_chains, per layer the head of its chain or -1
   std::vector<char> read_by_backward;  // training: per tensor, read_by_backward
-  std::vector<char> dx_over_input;     // training: per chain head, chain_dx_over_input
+  std::vector<char> dx_over_input;     // training: per chain head, LayerSizes::chain_dx_over_input
 };
 
 // Receives a step's operations as they are walked: the memory model tallies them without

@@ -41,6 +41,7 @@ class MomentsByBlocks {
   struct Blocks;
   std::unique_ptr<Blocks> blocks_;
 };
+
 // sum[c] += sum over n, hw of x.
 template <class T>
 void channel_sum(int n, int c, long hw, const T* x, double* sum);

@@ -50,7 +50,7 @@ TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
   const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
   EXPECT_EQ(layer_memory(c, p, rank, keep)[3].activations, 0u);  // the per-layer view agrees
   EXPECT_EQ(events(StepAction::Backward, 2), V{});
-  // The conv's output, read by the chain alone, becomes its own gradient (chain_dx_over_input):
+  // The conv's output, read by the chain alone, becomes its own gradient (LayerSizes::chain_dx_over_input):
   // counted as a gradient from here, nothing allocated; the conv's backward frees nothing of it.
   EXPECT_TRUE(s.dx_over_input[1]);
   EXPECT_EQ(events(StepAction::Backward, 1), (V{-int64_t(x), int64_t(x), -int64_t(pooled), -int64_t(argmax)}));

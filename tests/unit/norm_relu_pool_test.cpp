@@ -124,7 +124,7 @@ struct Chain {
     return dx;
   }
   // The same written over x, as the worker runs it where the chain alone reads its input
-  // (step_schedule.hpp chain_dx_over_input): each value read before its gradient is written.
+  // (step_schedule.hpp LayerSizes::chain_dx_over_input): each value read before its gradient is written.
   std::vector<T> fused_input_gradient_over_x(const std::vector<uint8_t>& argmax, const std::vector<double>& sum_dy,
                                              const std::vector<double>& sum_dy_xhat) const {
     std::vector<T> dx = x;

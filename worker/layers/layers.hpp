@@ -84,7 +84,7 @@ class Layer {
   // batch norm's): the training forward (Train or Recompute) from this layer's input x to
   // y, the output of layer `tail`, keeping what the chain's backward needs; the backward
   // from y's gradient dy to x's (empty unless need_dx; a chain whose backward reads y
-  // returns it in dy's memory; with dx_over_x, step_schedule.hpp chain_dx_over_input, it
+  // returns it in dy's memory; with dx_over_x, step_schedule.hpp LayerSizes::chain_dx_over_input, it
   // is written over x and takes x's memory, leaving x empty), writing this layer's weight
   // gradients. std::logic_error for a kind that heads no chain.
   virtual Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode);
