@@ -108,7 +108,7 @@ class StepTimeModel {
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
-        if (policies[l] == ActivationPolicy::Recompute && read[l + 1]) {
+        if (stored_as(read, policies, int(l) + 1) == ActivationPolicy::Recompute && read[l + 1]) {
           t.recompute += s.forward[l];
           t.halo += s.sends[l];
         }

@@ -136,12 +136,13 @@ uint64_t StepMemory::lower_bound() const {
     uint64_t step = 0;
     // A backward holds its input and its output where it reads them (LayerTraits), their
     // gradients; one of them where the input gradient takes the output gradient's memory.
-    // A chain that may be fused holds at least its input and its gradient (fused_chains),
-    // and without a pool the ReLU's output; one of them where the gradient takes the
-    // input's memory (LayerSizes::chain_dx_over_input).
+    // A batch norm's chain that may be fused holds at least its input and its gradient
+    // (fused_chains), and without a pool the ReLU's output; one of them where the gradient
+    // takes the input's memory (LayerSizes::chain_dx_over_input). A conv's chain holds what
+    // the conv and the activation each hold unfused.
     for (size_t l = 0; l < r.layers.size(); ++l) {
       const LayerSizes& z = r.layers[l];
-      if (z.chain_tail >= 0) {
+      if (z.chain_tail >= 0 && !conv_heads_chains(m.layers[l])) {
         const uint64_t held = !z.chain_pools ? 3 : z.chain_dx_over_input ? 1 : 2;
         if (makes_input_gradient(m.layers[l])) step = std::max(step, held * z.owned_in);
         l = size_t(z.chain_tail);
@@ -198,7 +199,9 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
     x.params = uint64_t(L.param_count(false)) * kFloat;
     x.grads = uint64_t(L.param_count(true)) * kFloat * (config.training.accumulate > 1 ? 2 : 1);
     x.optimizer = slots * uint64_t(L.param_count(true)) * kFloat;
-    if (fused[size_t(l)] >= 0) {
+    // A conv heading a chain counts as a conv whose output is never made.
+    const bool conv_head = fused[size_t(l)] == l && conv_heads_chains(L);
+    if (fused[size_t(l)] >= 0 && !conv_head) {
       // A fused chain (step_schedule.hpp): the batch norm keeps a pool's argmax bytes and
       // makes the chain's input gradient from its output gradient (without a pool, over
       // it); the layers inside make nothing; the chain's output is kept as its policy says.
@@ -218,7 +221,7 @@ std::vector<LayerMemory> layer_memory(const Config& config, const ShardPlan& pla
       continue;
     }
     const uint64_t kept_input = keeps_extended_input(L, z, policies[l]) ? z.ext : 0;
-    switch (stored_as(read, policies, l + 1)) {
+    switch (conv_head ? ActivationPolicy::Recompute : stored_as(read, policies, l + 1)) {
       case ActivationPolicy::Offload: x.offloaded = z.out; break;
       case ActivationPolicy::Recompute: break;
       default: x.activations = z.out;

@@ -261,8 +261,8 @@ std::string render_plan_text(const Config& config, const Plan& job) {
   for (ActivationPolicy p : {ActivationPolicy::Offload, ActivationPolicy::Recompute})
     line(fmt::format("  {:<10} {}", to_string(p), layers_with(m, policies, p)));
   if (const std::string chains = fused_chains_text(config, plan); !chains.empty())
-    line(fmt::format("  {:<10} {} (the batch norm's output, and before a pool the ReLU's, are never "
-                     "made; parallel.fuse)",
+    line(fmt::format("  {:<10} {} (the head's output, and before a pool the ReLU's, are never made; "
+                     "parallel.fuse)",
                      "fused", chains));
   line("");
 

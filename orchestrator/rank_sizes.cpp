@@ -91,16 +91,21 @@ bool extended_everywhere(const ShardPlan& plan, int l) {
 
 }  // namespace
 
+bool conv_heads_chains(const LayerSpec& layer) {
+  const std::string& type = layer.config.type();
+  return type == "conv2d" || type == "depthwise_conv2d";
+}
+
 int chain_in_model(const Config& config, const ModelSpec& m, int head) {
   const int act = head + 1;
   if (!config.parallel.fuse || act >= int(m.layers.size())) return -1;
-  const LayerSpec& bn = m.layers[size_t(head)];
+  const LayerSpec& h = m.layers[size_t(head)];
   // The activations whose gradient their output alone decides (0 < y, 0 < y < 6): the
-  // batch norm's output is never made.
+  // head's output is never made.
   const std::string& type = m.layers[size_t(act)].config.type();
-  if (bn.config.type() != "batch_norm" || !bn.spatial || bn.inputs.size() != 1 ||
-      (type != "relu" && type != "relu6") || m.readers[size_t(act)] != std::vector<int>{act})
-    return -1;
+  if ((type != "relu" && type != "relu6") || m.readers[size_t(act)] != std::vector<int>{act}) return -1;
+  if (conv_heads_chains(h)) return act;
+  if (h.config.type() != "batch_norm" || !h.spatial || h.inputs.size() != 1) return -1;
   // The pooled chain's kernels follow a ReLU (the CPU's and the CUDA backend's).
   const int pool = type == "relu" ? pool_in_model(m, head) : -1;
   return pool >= 0 ? pool : act;
@@ -141,6 +146,14 @@ std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, c
       reads = reads || policies[size_t(r)] == ActivationPolicy::Recompute ||
               backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
     read[t] = reads;
+  }
+  // A conv chain's output under recompute whose conv keeps its window (policy keep): made
+  // again, the conv would gather its window a second time beside the kept one. It stays.
+  for (size_t h = 0; h < L; ++h) {
+    const int tail = sizes.layers[h].chain_tail;
+    if (tail < 0 || !conv_heads_chains(m.layers[h]) || !read[size_t(tail) + 1]) continue;
+    if (policies[h] == ActivationPolicy::Keep && policies[size_t(tail)] == ActivationPolicy::Recompute)
+      read[size_t(tail) + 1] = kReadAndKept;
   }
   return read;
 }

@@ -114,6 +114,8 @@ class StepWalk {
   // Fusion (fused_chains): whether layer l is part of a fused chain this step, and whether
   // tensor t is made inside one (the batch norm's output, or a pooled chain's ReLU's): never made.
   bool fused(int l) const { return fused_[size_t(l)] >= 0; }
+  // A conv that heads a chain: its forward and backward are a conv's, its output the chain's.
+  bool conv_head(int l) const { return fused_[size_t(l)] == l && conv_heads_chains(m_.layers[size_t(l)]); }
   // What layer l's backward reads (LayerTraits): its inputs; its own output, which its
   // readers may not have brought back (a fused chain: the batch norm reads its ReLU's, at
   // the ReLU's turn).
@@ -164,21 +166,22 @@ class StepWalk {
   // A layer's forward. Training keeps the gathered inputs for backward, and the extended
   // input where the policy says; inference frees both once the output is made.
   void forward(int l, bool again = false) {
-    if (fused(l)) return fused_forward(l, again);
+    if (fused(l) && !conv_head(l)) return fused_forward(l, again);
+    const int out = fused(l) ? at(l).chain_tail + 1 : l + 1;  // the tensor it makes
     const K saved = inference_ ? K::Transient : K::Activations;
     for (uint64_t whole : at(l).gathered) alloc(saved, whole);  // Layer::gather_inputs
     const bool w = windowed(l);
     uint64_t ext = 0;
     if (w) ext = gather(l, saved);
     alloc(K::Transient, at(l).inner);  // a separable conv's inner tensor, for its forward only
-    alloc(K::Activations, act_bytes(l + 1));
+    alloc(K::Activations, act_bytes(out));
     if (traits(l).conv_workspace && config_.parallel.backend == Backend::CUDA) cudnn_scratch(l);
     release(K::Transient, at(l).inner);
     if (w && (inference_ || !keeps_ext(l))) release(saved, ext);
     if (inference_)
       for (uint64_t whole : at(l).gathered) release(saved, whole);
     else
-      where_[l + 1] = Where::Device;
+      where_[l + 1] = where_[out] = Where::Device;
   }
 
   // A fused chain's forward, all of it at the batch norm's: the pool's output and argmax
@@ -267,11 +270,8 @@ class StepWalk {
   void skip_backward(int l) {
     begin(A::SkipBackward, l);
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
-    if (fused(l)) {  // a fused chain keeps its argmax bytes at its head
-      if (fused_[size_t(l)] == l) release(K::Activations, at(l).argmax);
-    } else if (keeps_ext(l)) {
-      release(K::Activations, at(l).ext);
-    }
+    if (fused_[size_t(l)] == l) release(K::Activations, at(l).argmax);  // a pooled chain keeps them at its head
+    if (keeps_ext(l)) release(K::Activations, at(l).ext);
     if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));
     if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
   }
@@ -356,8 +356,12 @@ class StepWalk {
 
   void backward(int l) {
     begin(A::Backward, l);
-    if (fused(l)) return fused_backward(l);
-    const uint64_t dy = act_bytes(l + 1);
+    if (fused(l) && !conv_head(l)) return fused_backward(l);
+    const uint64_t dy = fused(l) ? at(l).out : act_bytes(l + 1);  // a conv chain's: its activation's
+    if (fused(l)) {  // a conv chain's activation output goes once its mask is applied
+      release(K::Activations, act_bytes(at(l).chain_tail + 1));
+      where_[size_t(at(l).chain_tail) + 1] = Where::Freed;
+    }
     // Layer::backward_over: the input gradient is the output gradient's memory.
     const bool over = at(l).dx_over_dy && makes_dx(l, 0);
     if (windowed(l)) {

@@ -67,7 +67,7 @@ struct LayerSizes {
   bool extended_everywhere = false;  // windowed, and no rank reads its input in place
   bool dx_over_dy = false; // backward_in_place: the input gradient takes the output gradient's memory
   uint64_t padded = 0;     // CUDA conv: the zeroed copy for asymmetric padding, rounded up
-  // A batch norm that heads a chain that may be fused (fusable_chain): the index of the
+  // A conv or batch norm that heads a chain that may be fused (fusable_chain): the index of the
   // chain's last layer (its ReLU, or its max pool), whether it is a pool, the bytes of the
   // pool's argmax (one per window, in whole floats), and whether its input gradient is
   // written over its input (LayerSizes::chain_dx_over_input): a pooled chain's is (a per-element pass
@@ -98,6 +98,11 @@ RankSizes rank_sizes(const Config& config, const ShardPlan& plan, int rank, Conv
 bool backward_in_place(const ShardPlan& plan, int l);
 
 // Pointwise fusion, a property of the schedule (the layers stay separate descriptions): a
+// convolution (conv_heads_chains) read only by a ReLU or a ReLU6 runs with it as one
+// chain: its Forward writes the activation's output (ConvKernel::forward_relu: the ReLU in
+// the conv's pass where the kernel can), its Backward takes the chain's output gradient,
+// masks it in place with the activation's output (then freed) and runs the conv's backward
+// as it would unfused; the conv's output is never made. A
 // batch norm on a feature map read only by a ReLU or a ReLU6 (whose gradient its output
 // alone decides) runs with it as one chain, and with a max pool too when a ReLU is read
 // only by one whose windows tile its input on every
@@ -129,23 +134,30 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // reader that gathers its inputs does; a windowed reader that keeps its halo-extended
 // input reads that instead; a reader under recompute does, its forward running again).
 // One that none reads goes after its last reader's forward as a dropped one does,
-// whatever its layer's policy. The same on every rank: a recompute runs the halo
+// whatever its layer's policy; a conv chain's output under recompute whose conv keeps its
+// window stays (kReadAndKept). The same on every rank: a recompute runs the halo
 // exchanges of all of them.
 std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes, const LayerPolicies& policies);
 // Whether layer l's backward reads its own output: its kind's trait; inside a fused chain
 // (`fused`: fused_chains) only the last layer of one without a pool does (the batch norm's
 // backward reads the ReLU's output for its mask).
 bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
+// read_by_backward's mark of a tensor read again that stays whatever its policy (a conv
+// chain's output under recompute whose conv keeps its window).
+constexpr char kReadAndKept = 2;
 // What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
 // its layer's policy where it is read again (`read`: read_by_backward), else it goes as
 // under recompute.
 inline ActivationPolicy stored_as(const std::vector<char>& read, const LayerPolicies& policies, int t) {
+  if (read[size_t(t)] == kReadAndKept) return ActivationPolicy::Keep;
   return read[size_t(t)] ? policies[size_t(t) - 1] : ActivationPolicy::Recompute;
 }
 // Whether a layer's backward reads its inputs: its kind's trait, unless it reads its
 // halo-extended input instead (reads_extended_only), or the whole inputs it gathered.
 bool backward_reads_inputs(const LayerSpec& layer, const LayerSizes& sizes, ActivationPolicy policy);
 
+// The kinds of convolution that head a chain with their activation.
+bool conv_heads_chains(const LayerSpec& layer);
 int fusable_chain(const Config& config, const ShardPlan& plan, int head);
 int chain_in_model(const Config& config, const ModelSpec& model, int head);
 std::vector<int> fused_chains(const RankSizes& sizes);

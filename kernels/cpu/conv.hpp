@@ -81,6 +81,10 @@ class DnnlConv2d {
 
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
+  // forward, then a ReLU over y in the pass that writes it: relu_forward's bits for every
+  // number but -0 (+0 here; equal to it). A NaN, which relu_forward passes, may come out 0
+  // or NaN: NaN weights then show at the next checkpoint, which refuses them, not as a NaN loss.
+  void forward_relu(const float* x, const float* w, const float* bias, float* y);
   // forward, and where it runs on conv_small.hpp's kernels in bands that hold whole moment
   // blocks (small_conv_moments_in_pass), y's channel moments summed band by band as each is
   // written (norm.hpp channel_moments of y, to the bit): returns whether it made them.
@@ -105,6 +109,7 @@ class DnnlConv2d {
  private:
   struct Impl;
   bool weights_on_loops() const;  // the weight gradient on the float loops above
+  void run_forward(const float* x, const float* w, const float* bias, float* y, bool relu);
   ConvGeom g_;
   ConvKernels kernels_;
   unsigned small_ = 0;  // the passes conv_small.hpp's kernels run

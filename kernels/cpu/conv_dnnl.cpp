@@ -201,7 +201,7 @@ struct DnnlConv2d::Impl {
   unsigned winograd = 0;        // the passes to build on oneDNN's Winograd kernels where it has them
   unsigned on_winograd = 0;     // the passes whose primitives are built on them
   std::optional<dnnl::convolution_forward::primitive_desc> hint, data_hint;
-  std::optional<Fwd> fwd[2];  // [with bias]
+  std::optional<Fwd> fwd[2][2];  // [with bias][with ReLU]
   std::optional<BwdData> bwd_data;
   std::optional<BwdWeights> bwd_w[2];
 
@@ -276,9 +276,18 @@ struct DnnlConv2d::Impl {
     return make(false);
   }
 
-  static dnnl::primitive_attr attr() {
+  // `relu`: a ReLU on the output, in the pass that writes it: oneDNN's eltwise post-op,
+  // x > 0 ? x : alpha * x on most kernels. With alpha -0 a negative x becomes +0 as in
+  // relu_forward (alpha +0 makes -0); an x of -0 becomes +0 where relu_forward keeps it, and
+  // some kernels turn a NaN into 0.
+  static dnnl::primitive_attr attr(bool relu = false) {
     dnnl::primitive_attr a;
     a.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // the scratchpad lives in the arena
+    if (relu) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, -0.f, 0.f);
+      a.set_post_ops(ops);
+    }
     return a;
   }
 
@@ -290,7 +299,7 @@ struct DnnlConv2d::Impl {
     nthr = t;
     hint.reset(), data_hint.reset();
     on_winograd = 0;  // the rebuilt passes decide again (the scratchpad limit follows the threads)
-    fwd[0].reset(), fwd[1].reset();
+    for (auto& f : fwd) f[0].reset(), f[1].reset();
     bwd_data.reset();
     bwd_w[0].reset(), bwd_w[1].reset();
   }
@@ -314,21 +323,23 @@ struct DnnlConv2d::Impl {
   }
 
   // A forward of the forward's problem, or of the data gradient's (the hint for its).
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool data_problem) {
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool eight, dnnl::algorithm alg, bool data_problem,
+                                                  bool relu) {
     const auto pk = dnnl::prop_kind::forward_training;
     const memory::desc x = act(data_problem ? dx_md : x_md, eight), y = act(data_problem ? dy_md : y_md, eight);
     const memory::dims& pl = data_problem ? bpad_l : pad_l;
     const memory::dims& pr = data_problem ? bpad_r : pad_r;
     auto d = bias ? dnnl::convolution_forward::desc(pk, alg, x, any(w_md), b_md, y, strides, dilates, pl, pr)
                   : dnnl::convolution_forward::desc(pk, alg, x, any(w_md), y, strides, dilates, pl, pr);
-    return dnnl::convolution_forward::primitive_desc(d, attr(), eng);
+    return dnnl::convolution_forward::primitive_desc(d, attr(relu), eng);
   }
   // `hint`: made only to hint a backward pass's descriptor.
-  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool data_problem = false, bool hint = false) {
+  dnnl::convolution_forward::primitive_desc fwd_pd(bool bias, bool data_problem = false, bool hint = false,
+                                                   bool relu = false) {
     return with_algorithm(data_problem ? kConvBackwardData : kConvForward,
                           [&](dnnl::algorithm alg) {
                             return eight_or_plain(int(y_md.dims()[1]), [&](bool eight) {
-                              return fwd_pd(bias, eight, alg, data_problem);
+                              return fwd_pd(bias, eight, alg, data_problem, relu);
                             });
                           },
                           hint);
@@ -341,11 +352,11 @@ struct DnnlConv2d::Impl {
     return *h;
   }
 
-  Fwd& get_fwd(bool bias) {
+  Fwd& get_fwd(bool bias, bool relu) {
     sync_threads();
-    auto& f = fwd[bias];
+    auto& f = fwd[bias][relu];
     if (!f) {
-      auto pd = fwd_pd(bias);
+      auto pd = fwd_pd(bias, false, false, relu);
       f.emplace(Fwd{dnnl::convolution_forward(pd), {}, {}, {}, pd.scratchpad_desc().get_size()});
       f->x.init(eng, x_md, pd.src_desc(), false);
       f->w.init(eng, w_md, pd.weights_desc(), false);
@@ -455,15 +466,23 @@ DnnlConv2d::DnnlConv2d(DnnlConv2d&&) noexcept = default;
 DnnlConv2d& DnnlConv2d::operator=(DnnlConv2d&&) noexcept = default;
 
 void DnnlConv2d::forward(const float* x, const float* w, const float* bias, float* y) {
+  run_forward(x, w, bias, y, false);
+}
+
+void DnnlConv2d::forward_relu(const float* x, const float* w, const float* bias, float* y) {
+  run_forward(x, w, bias, y, true);
+}
+
+void DnnlConv2d::run_forward(const float* x, const float* w, const float* bias, float* y, bool relu) {
   // Few input channels (3x3, stride 1): the register-blocked kernels write NCHW directly,
   // where oneDNN pads the channels to its blocks and reorders x and y through scratches as
   // large as them (conv_small.hpp; measured in bench/RESULTS.md).
   Impl& m = *impl_;
   if (small_ & kConvForward) {
-    small_conv_forward(g_, x, w, bias, y, m.small_scratch(g_, kConvForward));
+    small_conv_forward(g_, x, w, bias, y, m.small_scratch(g_, kConvForward), nullptr, relu);
     return;
   }
-  auto& f = m.get_fwd(bias != nullptr);
+  auto& f = m.get_fwd(bias != nullptr, relu);
   auto xm = f.x.in(m.eng, m.strm, x, *m.arena, kScratchA);
   auto wm = f.w.in(m.eng, m.strm, w, *m.arena, kScratchB);
   auto ym = f.y.out(m.eng, y, *m.arena, kScratchC);
@@ -555,10 +574,11 @@ ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
     need.include(s);
   }
   if ((passes & kConvForward) && !(small & kConvForward)) {
-    for (bool bias : {false, true}) {
-      auto& f = m.get_fwd(bias);
-      add(f.x, f.w, f.y, f.pad);
-    }
+    for (bool bias : {false, true})
+      for (bool relu : {false, true}) {  // forward_relu's primitive may ask for another scratchpad
+        auto& f = m.get_fwd(bias, relu);
+        add(f.x, f.w, f.y, f.pad);
+      }
   }
   if ((passes & kConvBackwardData) && !(small & kConvBackwardData)) {
     auto& d = m.get_bwd_data();

@@ -290,7 +290,7 @@ HT_AVX512 void forward_avx512(const ConvGeom& g, const float* x, const float* w,
 // `w` packed by pack_weights. With `moments`, each task's output rows go into it while
 // they are in cache (small_conv_moments_in_pass says whether they hold whole blocks).
 void forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y, float* scratch,
-             MomentsByBlocks* moments) {
+             MomentsByBlocks* moments, bool relu) {
   static const ForwardTask task = use_avx512() ? forward_avx512 : forward_avx2;
   const int bands = bands_of(g), nthr = threads_for(g, omp_get_max_threads());
   const long ho = g.hout(), wo = g.wout();
@@ -302,8 +302,14 @@ void forward(const ConvGeom& g, const float* x, const float* w, const float* bia
     for (int n = 0; n < g.n; ++n)
       for (int b = 0; b < bands; ++b) {
         task(g, x, w, bias, y, band, n, b);
-        if (!moments) continue;
         const long from = long(b) * kRows * wo, to = std::min(ho, long(b + 1) * kRows) * wo;
+        if (relu)  // relu_forward's test (elementwise.cpp), on rows still in cache
+          for (int c = 0; c < g.cout; ++c) {
+            float* p = y + (size_t(n) * g.cout + size_t(c)) * size_t(ho * wo);
+#pragma omp simd
+            for (long i = from; i < to; ++i) p[i] = p[i] < 0.f ? 0.f : p[i];
+          }
+        if (!moments) continue;
         for (int c = 0; c < g.cout; ++c) moments->add_range(n, c, from, to);
       }
   }
@@ -355,15 +361,15 @@ size_t small_conv_scratch_floats(const ConvGeom& g, unsigned pass, int threads) 
 }
 
 void small_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y,
-                        float* scratch, MomentsByBlocks* moments) {
+                        float* scratch, MomentsByBlocks* moments, bool relu) {
   const std::vector<float> packed = pack_weights(w, g.cout, g.cin, forward_widest_block(), false);
-  forward(g, x, packed.data(), bias, y, scratch, moments);
+  forward(g, x, packed.data(), bias, y, scratch, moments, relu);
 }
 
 void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w, float* dx, float* scratch) {
   // The forward of transposed(g) with w'[ci][co][r][k] = w[co][ci][2 - r][2 - k].
   const std::vector<float> packed = pack_weights(w, g.cin, g.cout, forward_widest_block(), true);
-  forward(transposed(g), dy, packed.data(), nullptr, dx, scratch, nullptr);
+  forward(transposed(g), dy, packed.data(), nullptr, dx, scratch, nullptr, false);
 }
 
 // Each thread accumulates dW (in double) over its bands into a private slot; slots are

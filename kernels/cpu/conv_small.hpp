@@ -36,9 +36,10 @@ class MomentsByBlocks;  // norm.hpp
 // summed in the pass that writes y.
 bool small_conv_moments_in_pass(const ConvGeom& g);
 
-// With `moments` (over y), each band of output rows goes into it as soon as it is written.
+// With `moments` (over y), each band of output rows goes into it as soon as it is written;
+// with `relu`, ReLU'd first (elementwise.hpp relu_forward's bits).
 void small_conv_forward(const ConvGeom& g, const float* x, const float* w, const float* bias, float* y,
-                        float* scratch, MomentsByBlocks* moments = nullptr);
+                        float* scratch, MomentsByBlocks* moments = nullptr, bool relu = false);
 void small_conv_backward_data(const ConvGeom& g, const float* dy, const float* w, float* dx, float* scratch);
 void small_conv_backward_weights(const ConvGeom& g, const float* x, const float* dy, float* dw, float* dbias,
                                  float* scratch);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/conv_winograd.hpp"
 #include "kernels/cpu/dnnl_isa.hpp"
+#include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/norm.hpp"
 #include "tests/common/kernel_checks.hpp"
 
@@ -160,6 +162,38 @@ TEST(DnnlConv2d, ForwardWithMomentsGivesBatchNormsMomentsToTheBit) {
   }
   omp_set_num_threads(saved);
   if (std::string(small_conv_isa()) != "none") EXPECT_EQ(made, 10);
+}
+
+// A conv + ReLU chain's forward: the ReLU in the conv's pass (the small-channel kernels'
+// bands, oneDNN's post-op on its direct and Winograd kernels) has the bits of forward and
+// then relu_forward, on every geometry above, one thread and two; about half the outputs
+// below zero. A NaN, which relu_forward passes, may come out 0 (conv.hpp forward_relu).
+TEST(DnnlConv2d, ForwardReluIsForwardThenReluToTheBit) {
+  std::mt19937_64 rng(29);
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    for (const ConvGeom& g : dnnl_geoms()) {
+      SCOPED_TRACE(str(g) + " threads " + std::to_string(threads));
+      VecF x = to_float(random_float_vec(g.x_size(), rng)), w = to_float(random_float_vec(g.w_size(), rng));
+      VecF b = to_float(random_float_vec(size_t(g.cout), rng));
+      x[x.size() / 3] = NAN;  // a NaN output where a window reads it
+      VecF y(g.y_size(), 7.f), want(g.y_size(), 7.f);
+      DnnlConv2d conv(g);
+      conv.forward_relu(x.data(), w.data(), b.data(), y.data());
+      conv.forward(x.data(), w.data(), b.data(), want.data());
+      const size_t negative = size_t(std::count_if(want.begin(), want.end(), [](float v) { return v < 0; }));
+      EXPECT_GT(negative, want.size() / 5);
+      EXPECT_LT(negative, want.size() * 4 / 5);
+      relu_forward(want.size(), want.data(), want.data());
+      size_t differ = 0;  // the bits, but NaN or 0 for a NaN
+      for (size_t i = 0; i < y.size(); ++i)
+        differ += std::isnan(want[i]) ? !std::isnan(y[i]) && y[i] != 0.f
+                                      : std::memcmp(&y[i], &want[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u);
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 // The geometries above that the small-channel kernels serve on this CPU are served by them

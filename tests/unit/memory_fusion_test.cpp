@@ -30,7 +30,8 @@ using testing::layer;
 // output's gradient. Where a backward reads the pool's output and it was dropped, the
 // chain runs again whole, at the batch norm.
 TEST(MemoryModel, FusedChainMakesOnlyThePoolsOutputAndItsArgmax) {
-  const Config c = classifier();
+  Config c = classifier();
+  c.model.layers[5] = layer("sigmoid");  // the next conv apart (a ReLU would make it a chain)
   const ModelSpec m = build_model_spec(c);
   const ShardPlan p = make_shard_plan(m, {2, 1});
   const int rank = 1, b = 4;
@@ -109,8 +110,8 @@ TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
   for (const char* act : {"relu", "relu6"}) {
     SCOPED_TRACE(act);
     Config c = classifier();
-    c.model.layers = {conv(8), layer("batch_norm"), layer(act), conv(16), layer("relu"), layer("global_avg_pool"),
-                      dense(2)};
+    c.model.layers = {conv(8), layer("batch_norm"), layer(act), conv(16), layer("sigmoid"),
+                      layer("global_avg_pool"), dense(2)};
     const ModelSpec m = build_model_spec(c);
     const ShardPlan p = make_shard_plan(m, {2, 1});
     const int rank = 1;
@@ -135,6 +136,38 @@ TEST(MemoryModel, FusedChainWithoutPoolMakesOnlyTheReLUsOutput) {
     // tensor); the other one goes after the activation's forward (the next conv reads its
     // extended copy): one tensor of the chain's size kept either way, as fused.
     EXPECT_EQ(estimate_memory(c, p, rank).activations, estimate_memory(apart, p, rank).activations);
+  }
+}
+
+// conv -> ReLU (or ReLU6) -> conv -> ReLU on two shards: each conv's Forward makes its
+// activation's output, never its own; the activation's Backward passes the output gradient
+// down, and the conv's frees the activation's output (read by its mask) before it makes
+// its input gradient. Never more memory than apart, where the conv's output is made
+// beside the activation's.
+TEST(MemoryModel, ConvChainMakesOnlyTheActivationsOutput) {
+  for (const char* act : {"relu", "relu6"}) {
+    SCOPED_TRACE(act);
+    Config c = classifier();
+    c.model.layers = {conv(8), layer(act), conv(16), layer("relu"), layer("global_avg_pool"), dense(2)};
+    const ModelSpec m = build_model_spec(c);
+    const ShardPlan p = make_shard_plan(m, {2, 1});
+    const int rank = 1;
+    const uint64_t y = tile_bytes(p.owned_output(2, rank), 16, 4);
+    const LayerPolicies keep = uniform_policies(m, ActivationPolicy::Keep);
+    const StepSchedule s = training_schedule(c, p, rank, keep);
+    EXPECT_EQ(s.fused, (std::vector<int>{0, 0, 2, 2, -1, -1}));
+    using V = std::vector<int64_t>;
+    const V forward = events_of(s, StepAction::Forward, 2);
+    EXPECT_EQ(std::count(forward.begin(), forward.end(), int64_t(y)), 1) << "the ReLU's output, once";
+    EXPECT_EQ(events_of(s, StepAction::Forward, 3), V{});
+    EXPECT_EQ(events_of(s, StepAction::Backward, 3), V{});
+    const V backward = events_of(s, StepAction::Backward, 2);
+    ASSERT_FALSE(backward.empty());
+    EXPECT_EQ(backward.front(), -int64_t(y));  // the activation's output goes first
+    Config apart = c;
+    apart.parallel.fuse = false;
+    EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(6, -1));
+    EXPECT_LE(estimate_memory(c, p, rank).total, estimate_memory(apart, p, rank).total);
   }
 }
 

@@ -123,9 +123,18 @@ TEST(MemoryModel, PerLayerSizesMatchAHandCount) {
   EXPECT_EQ(x[1].activations, 512u);
   EXPECT_EQ(x[2].activations, 8u);
   EXPECT_EQ(x[0].transient, 512u);  // the first layer makes no input gradient
-  EXPECT_EQ(x[1].transient, 1024u);
+  // The ReLU runs with the conv as one chain: its output gradient passes down as the
+  // conv's. Apart, the ReLU makes its input gradient beside it.
+  EXPECT_EQ(x[1].transient, 512u);
   EXPECT_EQ(x[2].transient, 8u + 512u);
   for (const LayerMemory& l : x) EXPECT_EQ(l.halo, 0u);
+  Config apart = c;
+  apart.parallel.fuse = false;
+  const std::vector<LayerMemory> y =
+      layer_memory(apart, make_shard_plan(m, {1, 1}), 0, uniform_policies(m, ActivationPolicy::Keep));
+  EXPECT_EQ(y[0].activations, 0u);
+  EXPECT_EQ(y[1].activations, 512u);
+  EXPECT_EQ(y[1].transient, 1024u);
 }
 
 // A windowed layer that keeps its halo-extended input reads that in its backward, not its
@@ -169,32 +178,40 @@ TEST(MemoryModel, AKeptExtendedInputStandsInForItsInput) {
   }
 }
 
-// conv -> conv -> ReLU on two shards, the ReLU under recompute: no backward reads the
-// second conv's output (the ReLU's reads its own), but the ReLU's forward runs again and
-// reads it, so it waits as the conv's policy (keep) says, and only the ReLU runs again.
-// Everything a micro-batch allocates it frees.
+// conv -> conv -> ReLU on two shards, the ReLU under recompute, apart: no backward reads
+// the second conv's output (the ReLU's reads its own), but the ReLU's forward runs again
+// and reads it, so it waits as the conv's policy (keep) says, and only the ReLU runs again.
+// Fused (the second conv and the ReLU one chain), the conv keeps its window: made again,
+// the chain would gather it a second time beside the kept one, so the ReLU's output stays
+// (step_schedule.hpp kReadAndKept) and nothing runs again. Everything a micro-batch
+// allocates it frees.
 TEST(MemoryModel, AReaderUnderRecomputeKeepsItsInput) {
-  Config c = classifier();
-  c.model.height = c.model.width = 16;
-  c.training.batch_size = 1;
-  c.model.layers = {conv(4), conv(4), layer("relu"), layer("global_avg_pool"), dense(2)};
-  const ModelSpec m = build_model_spec(c);
-  const ShardPlan p = make_shard_plan(m, {2, 1});
-  LayerPolicies policies = uniform_policies(m, ActivationPolicy::Keep);
-  EXPECT_EQ(training_schedule(c, p, 0, policies).read_by_backward[2], 0);
-  policies[2] = ActivationPolicy::Recompute;
-  for (int rank = 0; rank < 2; ++rank) {
-    SCOPED_TRACE(rank);
-    const StepSchedule s = training_schedule(c, p, rank, policies);
-    EXPECT_EQ(s.read_by_backward[2], 1);
-    int64_t micro_batch = 0;
-    std::vector<int> recomputed;
-    for (size_t o = s.micro_begin; o < s.micro_end; ++o) {
-      for (const MemoryEvent& e : s.ops[o].events) micro_batch += e.bytes;
-      if (s.ops[o].action == StepAction::Recompute) recomputed.push_back(s.ops[o].index);
+  for (const bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse);
+    Config c = classifier();
+    c.model.height = c.model.width = 16;
+    c.training.batch_size = 1;
+    c.parallel.fuse = fuse;
+    c.model.layers = {conv(4), conv(4), layer("relu"), layer("global_avg_pool"), dense(2)};
+    const ModelSpec m = build_model_spec(c);
+    const ShardPlan p = make_shard_plan(m, {2, 1});
+    LayerPolicies policies = uniform_policies(m, ActivationPolicy::Keep);
+    EXPECT_EQ(training_schedule(c, p, 0, policies).read_by_backward[2], 0);
+    policies[2] = ActivationPolicy::Recompute;
+    for (int rank = 0; rank < 2; ++rank) {
+      SCOPED_TRACE(rank);
+      const StepSchedule s = training_schedule(c, p, rank, policies);
+      if (!fuse) EXPECT_EQ(s.read_by_backward[2], 1);  // fused, the conv's output is never made
+      EXPECT_EQ(s.read_by_backward[3], fuse ? kReadAndKept : 1);
+      int64_t micro_batch = 0;
+      std::vector<int> recomputed;
+      for (size_t o = s.micro_begin; o < s.micro_end; ++o) {
+        for (const MemoryEvent& e : s.ops[o].events) micro_batch += e.bytes;
+        if (s.ops[o].action == StepAction::Recompute) recomputed.push_back(s.ops[o].index);
+      }
+      EXPECT_EQ(recomputed, fuse ? std::vector<int>{} : std::vector<int>{2});
+      EXPECT_EQ(micro_batch, 0);
     }
-    EXPECT_EQ(recomputed, std::vector<int>{2});
-    EXPECT_EQ(micro_batch, 0);
   }
 }
 

@@ -56,7 +56,7 @@ class BatchNormLayer : public Layer {
                                           weight("beta:0"), y.data(), argmax());
     return y;
   }
-  Tensor backward_chain(Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x) override {
+  Tensor backward_chain(Tensor& x, Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x) override {
     check_input(x);
     if (!pools(tail)) {  // the ReLU's and the batch norm's backward in two passes, dx over dy
       if (dy.n() != x.n() || dy.c() != x.c() || dy.h() != x.h() || dy.w() != x.w() || y.size() != dy.size())

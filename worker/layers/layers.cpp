@@ -110,7 +110,7 @@ Tensor Layer::forward_chain(const Tensor&, int, ForwardMode) {
   throw std::logic_error(label() + ": its kind heads no fused chain");
 }
 
-Tensor Layer::backward_chain(Tensor&, const Tensor&, Tensor, int, bool, bool) {
+Tensor Layer::backward_chain(Tensor&, Tensor&, Tensor, int, bool, bool) {
   throw std::logic_error(label() + ": its kind heads no fused chain");
 }
 

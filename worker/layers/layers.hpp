@@ -88,7 +88,7 @@ class Layer {
   // is written over x and takes x's memory, leaving x empty), writing this layer's weight
   // gradients. std::logic_error for a kind that heads no chain.
   virtual Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode);
-  virtual Tensor backward_chain(Tensor& x, const Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x);
+  virtual Tensor backward_chain(Tensor& x, Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x);
 
   // Wall seconds this layer has spent in collectives (batch statistics, global pools,
   // gathers, the gradients of replicated inputs) since it was made, waiting included.

@@ -37,6 +37,12 @@ class ConvKernel {
     forward(x, w, bias, y);
     return false;
   }
+  // forward, and where this kernel can in the pass that writes y, a ReLU over y with
+  // relu_forward's bits: returns whether it did (else the caller runs relu_forward).
+  virtual bool forward_relu(const float* x, const float* w, const float* bias, float* y) {
+    forward(x, w, bias, y);
+    return false;
+  }
   virtual void backward_data(const float* dy, const float* w, float* dx) = 0;             // dx =
   virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;  // dw, db =
   // Both: backward_weights when dw is not null, then backward_data into dx_buffer() (null:

@@ -26,6 +26,10 @@ class CpuConv : public ConvKernel {
   void forward(const float* x, const float* w, const float* b, float* y) override {
     conv_.forward(x, w, b, y);
   }
+  bool forward_relu(const float* x, const float* w, const float* b, float* y) override {
+    conv_.forward_relu(x, w, b, y);
+    return true;
+  }
   bool forward_with_moments(const float* x, const float* w, const float* b, float* y, double* mean,
                             double* m2) override {
     return conv_.forward_with_moments(x, w, b, y, mean, m2);
