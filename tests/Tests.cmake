@@ -103,6 +103,10 @@ ht_script_test(memory_graph_configs "memory" 600 memory/graph_configs_test.py ${
 ht_script_test(memory_policies "memory" 600 memory/policies_test.py
                ${CMAKE_BINARY_DIR}/memory-policies)
 
+# Conv + ReLU/ReLU6 chains on grid [2, 2] under keep, offload and recompute: checkpoints
+# bit-identical to the layers run apart, the memory model exact.
+ht_script_test(memory_conv_chain "memory" 300 memory/conv_chain_test.py ${CMAKE_BINARY_DIR}/conv-chain)
+
 # The source tree's includes depend one way: no cycle between files, the worker's
 # libraries (io, runtime, comm, layers, run) include only those below them.
 ht_script_test(include_layout "unit" 60 python/include_layout_test.py)
