@@ -108,10 +108,12 @@ class StepTimeModel {
       for (size_t l = 0; l < policies.size(); ++l) {
         t.compute += 3 * s.forward[l];  // backward = 2 x forward
         if (policies[l] != ActivationPolicy::Keep) t.halo += s.regather[l];
-        if (stored_as(read, policies, int(l) + 1) == ActivationPolicy::Recompute && read[l + 1]) {
-          t.recompute += s.forward[l];
-          t.halo += s.sends[l];
-        }
+        // A chain's output is made again by the whole chain, from its head.
+        if (!inner(l) && stored_as(read, policies, int(l) + 1) == ActivationPolicy::Recompute && read[l + 1])
+          for (size_t k = s.fused[l] >= 0 ? size_t(s.fused[l]) : l; k <= l; ++k) {
+            t.recompute += s.forward[k];
+            t.halo += s.sends[k];
+          }
         if (policies[l] == ActivationPolicy::Offload && read[l + 1] && !inner(l)) t.offload += s.offload[l];
       }
       // Every micro-batch computes and exchanges; the gradients are reduced once a step.

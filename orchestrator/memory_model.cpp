@@ -247,11 +247,18 @@ HaloTraffic halo_traffic(const Config& config, const ShardPlan& plan, int rank, 
   // Per step: every micro-batch exchanges its halos.
   const uint64_t micro_batches = uint64_t(config.training.accumulate);
   auto add_step = [&](int peer, uint64_t bytes) { add(peer, bytes * micro_batches); };
+  const RankSizes sizes = rank_sizes(config, plan, rank);
+  const std::vector<int> fused = fused_chains(sizes);
+  const std::vector<char> read = read_by_backward(plan.model, sizes, policies);
   for (int l = 0; l < int(plan.layers.size()); ++l) {
     const LayerSpec& L = plan.model.layers[l];
-    // Forward: halos to the peers that need them; again when the layer's output is dropped
-    // and recomputed during backward, and again when its backward gathers its input anew.
-    const uint64_t forwards = 1 + (policies[l] == ActivationPolicy::Recompute ? 1 : 0) +
+    // Forward: halos to the peers that need them; again when the tensor it makes (a chain's
+    // output where it heads one) is dropped and made again during backward, and again when
+    // its backward gathers its input anew.
+    const int made = fused[size_t(l)] == l ? sizes.layers[size_t(l)].chain_tail + 1 : l + 1;
+    const bool in_chain = fused[size_t(l)] >= 0 && fused[size_t(l)] != l;  // run again at its head
+    const bool again = !in_chain && read[size_t(made)] && stored_as(read, policies, made) == ActivationPolicy::Recompute;
+    const uint64_t forwards = 1 + (again ? 1 : 0) +
                               (policies[l] != ActivationPolicy::Keep && backward_reads_window(L) ? 1 : 0);
     for (HaloPhase ph : kPhases) {
       for (const HaloRegion& r : plan.sends(l, rank, ph)) add_step(r.peer, tile_bytes(r.rect, L.in.c, b) * forwards);

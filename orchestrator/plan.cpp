@@ -73,7 +73,8 @@ SearchResult search(const Config& config, const ModelSpec& model, int groups, in
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& spec = m.layers[l];
     const uint64_t in = whole(spec.in), out = whole(spec.out);
-    if (const int tail = chain_in_model(config, m, l); tail >= 0) {
+    // (A conv's chain holds what the conv and its activation each hold apart.)
+    if (const int tail = chain_in_model(config, m, l); tail >= 0 && !conv_heads_chains(spec)) {
       const int t = spec.inputs[0];
       const uint64_t held = tail == l + 1 ? 3 : t > 0 && m.readers[size_t(t)] == std::vector<int>{l} ? 1 : 2;
       if (l >= 1) scaled = std::max(scaled, whole(m.input) + held * in);

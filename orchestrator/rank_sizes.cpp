@@ -147,8 +147,9 @@ std::vector<char> read_by_backward(const ModelSpec& m, const RankSizes& sizes, c
               backward_reads_inputs(m.layers[size_t(r)], sizes.layers[size_t(r)], policies[size_t(r)]);
     read[t] = reads;
   }
-  // A conv chain's output under recompute whose conv keeps its window (policy keep): made
-  // again, the conv would gather its window a second time beside the kept one. It stays.
+  // A conv chain's output under recompute whose conv is under keep, and so may keep its
+  // window on some rank: made again, the conv would gather a second window beside the kept
+  // one. It stays (on every rank alike, halo or none).
   for (size_t h = 0; h < L; ++h) {
     const int tail = sizes.layers[h].chain_tail;
     if (tail < 0 || !conv_heads_chains(m.layers[h]) || !read[size_t(tail) + 1]) continue;

@@ -271,7 +271,7 @@ class StepWalk {
     begin(A::SkipBackward, l);
     for (uint64_t whole : at(l).gathered) release(K::Activations, whole);
     if (fused_[size_t(l)] == l) release(K::Activations, at(l).argmax);  // a pooled chain keeps them at its head
-    if (keeps_ext(l)) release(K::Activations, at(l).ext);
+    if (keeps_ext(l) && (!fused(l) || conv_head(l))) release(K::Activations, at(l).ext);  // a chain's pool made none
     if (where_[l + 1] == Where::Device) release(K::Activations, act_bytes(l + 1));
     if (where_[l + 1] != Where::Host) where_[l + 1] = Where::Freed;
   }

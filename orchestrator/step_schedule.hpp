@@ -128,14 +128,14 @@ bool backward_in_place(const ShardPlan& plan, int l);
 // from the model's shapes alone (no halos), for bounds that hold on every grid.
 // fused_chains: per layer, the head of the fusable chain it is part of
 // (LayerSizes::chain_tail), else -1. Where no gradient reaches a chain (a frozen stem) its
-// SkipBackward drop the argmax bytes and the chain's output.
+// SkipBackward drop the argmax bytes (a conv's, its kept window) and the chain's output.
 // Per tensor (0 the image, t layer t - 1's output): whether a backward reads it, its own
 // layer's or a reader's (LayerTraits::backward_reads_output, backward_reads_inputs; a
 // reader that gathers its inputs does; a windowed reader that keeps its halo-extended
 // input reads that instead; a reader under recompute does, its forward running again).
 // One that none reads goes after its last reader's forward as a dropped one does,
-// whatever its layer's policy; a conv chain's output under recompute whose conv keeps its
-// window stays (kReadAndKept). The same on every rank: a recompute runs the halo
+// whatever its layer's policy; a conv chain's output under recompute whose conv is under
+// keep stays (kReadAndKept). The same on every rank: a recompute runs the halo
 // exchanges of all of them.
 std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& sizes, const LayerPolicies& policies);
 // Whether layer l's backward reads its own output: its kind's trait; inside a fused chain
@@ -143,7 +143,7 @@ std::vector<char> read_by_backward(const ModelSpec& model, const RankSizes& size
 // backward reads the ReLU's output for its mask).
 bool backward_reads_output(const ModelSpec& model, const RankSizes& sizes, const std::vector<int>& fused, int l);
 // read_by_backward's mark of a tensor read again that stays whatever its policy (a conv
-// chain's output under recompute whose conv keeps its window).
+// chain's output under recompute whose conv is under keep).
 constexpr char kReadAndKept = 2;
 // What happens to tensor t (t >= 1, layer t - 1's output) after its last reader's forward:
 // its layer's policy where it is read again (`read`: read_by_backward), else it goes as

@@ -82,8 +82,9 @@ class DnnlConv2d {
   const ConvGeom& geom() const { return g_; }
   void forward(const float* x, const float* w, const float* bias, float* y);
   // forward, then a ReLU over y in the pass that writes it: relu_forward's bits for every
-  // number but -0 (+0 here; equal to it). A NaN, which relu_forward passes, may come out 0
-  // or NaN: NaN weights then show at the next checkpoint, which refuses them, not as a NaN loss.
+  // number, but that on oneDNN's kernels an output of -0 comes out +0 (equal to it) and a
+  // NaN, which relu_forward passes, may come out 0 (the small-channel kernels use
+  // relu_forward's test).
   void forward_relu(const float* x, const float* w, const float* bias, float* y);
   // forward, and where it runs on conv_small.hpp's kernels in bands that hold whole moment
   // blocks (small_conv_moments_in_pass), y's channel moments summed band by band as each is

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "orchestrator/activation_plan.hpp"
 #include "orchestrator/memory_model.hpp"
 #include "orchestrator/model_spec.hpp"
 #include "orchestrator/plan.hpp"
@@ -169,6 +170,59 @@ TEST(MemoryModel, ConvChainMakesOnlyTheActivationsOutput) {
     EXPECT_EQ(training_schedule(apart, p, rank, keep).fused, std::vector<int>(6, -1));
     EXPECT_LE(estimate_memory(c, p, rank).total, estimate_memory(apart, p, rank).total);
   }
+}
+
+// Mixed policies on the same chain (conv2d_2 + its ReLU, on two shards): the ReLU's output
+// under recompute is made again by the whole chain, gathering the conv's window anew,
+// when the conv is under offload; under keep the conv keeps its window and the output
+// stays instead. No gradient reaching the first chain, its kept window goes with it. Every
+// micro-batch frees what it allocates; the step time and the halo traffic charge the
+// conv's forward and exchange where the chain runs again.
+TEST(MemoryModel, ConvChainUnderMixedPolicies) {
+  Config c = classifier();
+  c.model.layers = {conv(8), layer("relu"), conv(16), layer("relu"), layer("global_avg_pool"), dense(2)};
+  const ModelSpec m = build_model_spec(c);
+  const ShardPlan p = make_shard_plan(m, {2, 1});
+  auto balanced = [](const StepSchedule& s) {
+    int64_t sum = 0;
+    for (size_t o = s.micro_begin; o < s.micro_end; ++o)
+      for (const MemoryEvent& e : s.ops[o].events) sum += e.bytes;
+    return sum == 0;
+  };
+  auto recomputes = [](const StepSchedule& s) {
+    std::vector<int> at;
+    for (const StepOp& op : s.ops)
+      if (op.action == StepAction::Recompute) at.push_back(op.index);
+    return at;
+  };
+  uint64_t sends = 0;  // conv2d_2's halo, once, over both ranks
+  for (int rank = 0; rank < 2; ++rank)
+    for (HaloPhase ph : {HaloPhase::Rows, HaloPhase::Cols})
+      for (const HaloRegion& r : p.sends(2, rank, ph)) sends += tile_bytes(r.rect, 8, 4);
+  ASSERT_GT(sends, 0u);
+  const DeviceCostModel k80 = k80_die();
+  LayerPolicies again = uniform_policies(m, ActivationPolicy::Keep), stays = again;
+  again[2] = ActivationPolicy::Offload;
+  again[3] = stays[3] = ActivationPolicy::Recompute;
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE(rank);
+    const StepSchedule a = training_schedule(c, p, rank, again), k = training_schedule(c, p, rank, stays);
+    EXPECT_EQ(recomputes(a), std::vector<int>{2});
+    EXPECT_EQ(recomputes(k), std::vector<int>{});
+    EXPECT_EQ(k.read_by_backward[4], kReadAndKept);
+    EXPECT_TRUE(balanced(a));
+    EXPECT_TRUE(balanced(k));
+    std::vector<char> gradient(m.layers.size() + 1, 1);
+    gradient[0] = gradient[1] = gradient[2] = 0;  // none reaches conv2d_1 + its ReLU
+    const StepSchedule frozen = training_schedule(c, p, rank, uniform_policies(m, ActivationPolicy::Keep), gradient);
+    EXPECT_TRUE(balanced(frozen));
+  }
+  EXPECT_GT(predict_step_time(c, p, again, k80).recompute, 0);
+  EXPECT_EQ(predict_step_time(c, p, stays, k80).recompute, 0);
+  // conv2d_2's exchange: the forward, the chain made again, and the window gathered again
+  // for the backward (offload keeps none) against the forward alone. The gradients' way
+  // back is the same in both.
+  EXPECT_EQ(halo_traffic_total(c, p, again).total() - halo_traffic_total(c, p, stays).total(), 2 * sends);
 }
 
 }  // namespace
