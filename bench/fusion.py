@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Fused against unfused: the step schedule's batch norm + ReLU (+ max pool) chains
-(`parallel.fuse`, orchestrator/step_schedule.hpp fused_chains) against the same layers run
+"""Fused against unfused: the step schedule's batch norm + ReLU (+ max pool) and conv + ReLU
+chains (`parallel.fuse`, orchestrator/step_schedule.hpp fused_chains) against the same layers run
 apart (`parallel.fuse: false`), same binary, same machine.
 
 For each model (bench/models.py) and image: 5 interleaved pairs of runs (fused, unfused,
@@ -8,7 +8,8 @@ fused, ...), 12 steps each on grid 1x1; a run's time is the median of its steps 
 the figure is the median of the pairs' ratios fused / unfused (a drift of the machine hits
 both runs of a pair alike). Beside it each side's tracked peak (memory.csv; predicted ==
 measured is checked on every run). Models: seed (batch norm + ReLU + 2x2 pool chains), demo
-(4x4 and 2x2 pools), conv_bn (ResNet's conv -> batch norm -> ReLU -> conv, no pools).
+(4x4 and 2x2 pools, and a conv + ReLU), conv_bn (ResNet's conv -> batch norm -> ReLU -> conv,
+no pools), conv3 (three conv + ReLU chains).
 
 usage: fusion.py --halotrain BIN [--workdir DIR] [--pairs P] [--out FILE.md]
 Exit status 1 when a run's predicted peak differs from the measured one.
@@ -25,7 +26,7 @@ from cpu_vs_torch import machine, mib, report  # noqa: E402
 from speed import data_file, run_halotrain  # noqa: E402
 
 STEPS = 12
-CASES = [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv_bn", 768, 768, 2)]
+CASES = [("seed", 1024, 1024, 2), ("demo", 1024, 768, 4), ("conv_bn", 768, 768, 2), ("conv3", 768, 768, 2)]
 
 
 def times(xs):

@@ -399,7 +399,7 @@ class RecordingArena : public ScratchArena {
 };
 
 // dnnl_conv_scratch (what the memory model counts) is exactly each slot's largest request
-// over forward, backward data and backward weights, with and without bias, at the thread
+// over forward (with and without its ReLU), backward data and backward weights, with and without bias, at the thread
 // count it is given; and the calls run in the caller's arena.
 TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
   std::mt19937_64 rng(29);
@@ -418,8 +418,10 @@ TEST(DnnlConv2d, ScratchIsWhatTheCallsAsk) {
       VecF y(g.y_size()), dx(g.x_size()), dw(g.w_size()), db(size_t(g.cout));
       for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
         conv.forward(x.data(), w.data(), bias, y.data());
+        conv.forward_relu(x.data(), w.data(), bias, y.data());
         conv.backward_weights(x.data(), dy.data(), dw.data(), bias ? db.data() : nullptr);
         inference.forward(x.data(), w.data(), bias, y.data());
+        inference.forward_relu(x.data(), w.data(), bias, y.data());
       }
       conv.backward_data(dy.data(), w.data(), dx.data());
       conv.backward(x.data(), dy.data(), w.data(), dw.data(), db.data(), [&] { return dx.data(); });
