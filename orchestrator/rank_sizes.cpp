@@ -1,5 +1,5 @@
 // What each layer of a rank allocates in a step (step_schedule.hpp LayerSizes), which
-// batch norm + ReLU (+ max pool) chains fuse, and the other sizes the schedule is made of.
+// conv + ReLU and batch norm + ReLU (+ max pool) chains fuse, and the other sizes the schedule is made of.
 #include <algorithm>
 #include <cstdlib>
 
