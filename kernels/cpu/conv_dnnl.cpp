@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <map>
@@ -23,7 +22,7 @@
 #include "kernels/cpu/conv.hpp"
 #include "kernels/cpu/conv_small.hpp"
 #include "kernels/cpu/conv_winograd.hpp"
-#include "kernels/cpu/host_memory.hpp"
+#include "kernels/cpu/dnnl_port.hpp"
 #include "kernels/cpu/norm.hpp"
 
 namespace ht::cpu {
@@ -33,141 +32,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
-
-// The default arena: growable 64-byte-aligned buffers, one set per thread, shared by
-// every DnnlConv2d without an arena of its own (tests, tools).
-class ThreadScratch : public ScratchArena {
- public:
-  void* get(int slot, size_t bytes) override {
-    bytes = std::max<size_t>(bytes, 64);
-    if (slot >= int(bufs_.size())) bufs_.resize(slot + 1);
-    Buf& b = bufs_[slot];
-    if (b.bytes < bytes) {
-      b.ptr.reset();
-      b.ptr.reset(static_cast<char*>(host_alloc(bytes)));
-      if (!b.ptr) throw std::bad_alloc();
-      b.bytes = bytes;
-    }
-    return b.ptr.get();
-  }
-
- private:
-  struct Free {
-    void operator()(char* p) const { host_free(p); }
-  };
-  struct Buf {
-    std::unique_ptr<char, Free> ptr;
-    size_t bytes = 0;
-  };
-  std::vector<Buf> bufs_;
-};
-
-ScratchArena& thread_scratch() {
-  static thread_local ThreadScratch s;
-  return s;
-}
-
-// One tensor argument: the caller's plain layout and the primitive's layout, with the
-// reorder between them when they differ. A port may be framed (the data gradient of
-// DnnlConv2d::Impl): the primitive's tensor is larger, the user's sits in it at `offset`;
-// an input's frame is zeroed, an output's dropped.
-struct Port {
-  memory::desc user, prim;
-  memory::dims offset;    // empty: the same dims
-  memory::desc interior;  // framed: the user's part of prim
-  std::optional<dnnl::reorder> to_prim, to_user;
-
-  void init(const dnnl::engine& eng, const memory::desc& u, const memory::desc& p, bool output,
-            const memory::dims& frame_offset = {}) {
-    user = u;
-    prim = p;
-    offset = frame_offset;
-    to_prim.reset();
-    to_user.reset();
-    if (!offset.empty()) {
-      interior = p.submemory_desc(u.dims(), offset);
-      if (output) {
-        to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, interior, eng, u));
-        return;
-      }
-      // zero_frame's layouts: NCHW with at most an inner block of channels (what oneDNN's
-      // convolutions take).
-      const auto& d = p.data;
-      const auto& blk = d.format_desc.blocking;
-      if (d.format_kind != dnnl_blocked || d.ndims != 4 || blk.inner_nblks > 1 ||
-          (blk.inner_nblks == 1 && blk.inner_idxs[0] != 1))
-        throw std::logic_error("DnnlConv2d: a framed tensor in a layout other than channel blocks");
-      to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, interior));
-      return;
-    }
-    if (u == p) return;
-    if (output)
-      to_user = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p, eng, u));
-    else
-      to_prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, u, eng, p));
-  }
-  size_t extra_bytes() const { return to_prim || to_user ? prim.get_size() : 0; }
-
-  // Memory the primitive reads: the user's buffer, or a reordered copy in `slot`.
-  memory in(const dnnl::engine& eng, dnnl::stream& s, const float* p, ScratchArena& arena, int slot) const {
-    memory um(user, eng, const_cast<float*>(p));
-    if (!to_prim) return um;
-    memory pm(prim, eng, arena.get(slot, prim.get_size()));
-    if (!offset.empty()) {
-      zero_frame(static_cast<float*>(pm.get_data_handle()));
-      memory inside(interior, eng, pm.get_data_handle());
-      to_prim->execute(s, um, inside);
-      return pm;
-    }
-    to_prim->execute(s, um, pm);
-    return pm;
-  }
-  // Zeroes the framed tensor outside the user's interior. Its layout (checked by init) is
-  // NCHW with at most an inner block of channels: each (n, channel block, h, w) holds one
-  // contiguous block.
-  void zero_frame(float* base) const {
-    const dnnl_memory_desc_t& d = prim.data;
-    const auto& blk = d.format_desc.blocking;
-    const memory::dim inner = blk.inner_nblks ? blk.inner_blks[0] : 1;
-    const memory::dim n = d.padded_dims[0], cb = d.padded_dims[1] / inner, h = d.padded_dims[2],
-                      w = d.padded_dims[3];
-    const memory::dims& in = user.dims();
-    const memory::dim top = offset[2], bottom = offset[2] + in[2], left = offset[3], right = offset[3] + in[3];
-    const auto* st = blk.strides;
-    const bool rows_dense = st[3] == inner && st[2] == w * inner;
-    for (memory::dim i = 0; i < n; ++i)
-      for (memory::dim c = 0; c < cb; ++c) {
-        float* plane = base + d.offset0 + i * st[0] + c * st[1];
-        auto zero = [&](memory::dim y, memory::dim x0, memory::dim x1) {
-          if (rows_dense) {
-            std::memset(plane + y * st[2] + x0 * inner, 0, sizeof(float) * size_t((x1 - x0) * inner));
-            return;
-          }
-          for (memory::dim x = x0; x < x1; ++x) std::memset(plane + y * st[2] + x * st[3], 0, sizeof(float) * inner);
-        };
-        for (memory::dim y = 0; y < h; ++y) {
-          if (y < top || y >= bottom) {
-            zero(y, 0, w);
-          } else {
-            zero(y, 0, left);
-            zero(y, right, w);
-          }
-        }
-      }
-  }
-
-  // Memory the primitive writes; finish() copies it to the user's buffer.
-  memory out(const dnnl::engine& eng, float* p, ScratchArena& arena, int slot) const {
-    if (!to_user) return memory(user, eng, p);
-    return memory(prim, eng, arena.get(slot, prim.get_size()));
-  }
-  void finish(const dnnl::engine& eng, dnnl::stream& s, const memory& pm, float* p) const {
-    if (!to_user) return;
-    memory um(user, eng, p);
-    memory src = offset.empty() ? pm : memory(interior, eng, pm.get_data_handle());
-    to_user->execute(s, src, um);
-  }
-};
 
 }  // namespace
 
@@ -185,17 +49,17 @@ struct DnnlConv2d::Impl {
 
   struct Fwd {
     dnnl::convolution_forward prim;
-    Port x, w, y;
+    DnnlPort x, w, y;
     size_t pad = 0;
   };
   struct BwdData {
     dnnl::convolution_backward_data prim;
-    Port dy, w, dx;
+    DnnlPort dy, w, dx;
     size_t pad = 0;
   };
   struct BwdWeights {
     dnnl::convolution_backward_weights prim;
-    Port x, dy, dw;
+    DnnlPort x, dy, dw;
     size_t pad = 0;
   };
   unsigned winograd = 0;        // the passes to build on oneDNN's Winograd kernels where it has them
@@ -544,7 +408,7 @@ void DnnlConv2d::backward(const float* x, const float* dy, const float* w, float
   if (dw && on_onednn) {
     // Both passes on oneDNN: when they take dy in the same blocked layout, the weight
     // gradient's reorder of dy (slot B) is the data gradient's too.
-    const Port& weights_dy = m.get_bwd_weights(dbias != nullptr).dy;
+    const DnnlPort& weights_dy = m.get_bwd_weights(dbias != nullptr).dy;
     if (weights_dy.to_prim && weights_dy.prim == m.get_bwd_data().dy.prim) {
       const memory dym = m.run_bwd_weights(x, dy, dw, dbias);
       if (float* dx = dx_buffer()) m.run_bwd_data(dym, w, dx);
@@ -558,7 +422,7 @@ void DnnlConv2d::backward(const float* x, const float* dy, const float* w, float
 ConvScratch DnnlConv2d::scratch_need(unsigned passes) const {
   Impl& m = *impl_;
   ConvScratch need;
-  auto add = [&need](const Port& a, const Port& b, const Port& c, size_t pad) {
+  auto add = [&need](const DnnlPort& a, const DnnlPort& b, const DnnlPort& c, size_t pad) {
     ConvScratch s;
     s.slot[kScratchA] = a.extra_bytes(), s.slot[kScratchB] = b.extra_bytes();
     s.slot[kScratchC] = c.extra_bytes(), s.slot[kScratchPad] = pad;
