@@ -21,7 +21,7 @@ class BatchNormLayer : public Layer {
   // NormPoolShape): the pooled output and an argmax byte per window. The normalised tensor,
   // and with a pool the ReLU's output, are never made.
   Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode) override {
-    check_input(x);
+    check_chain_input(x);
     if (mode == ForwardMode::Eval) throw std::logic_error(label() + ": a fused chain is for training");
     const LayerSpec& last = model().layers[size_t(tail)];
     const std::string what = fmt::format("output of {} (rank {})", last.config.name, ctx_.rank);
@@ -29,7 +29,7 @@ class BatchNormLayer : public Layer {
       set_statistics(x, mode);
       Tensor y(ctx_.backend.allocator(), x.n(), x.c(), x.h(), x.w(), what);
       const int64_t hw = int64_t(x.h()) * x.w();
-      if (relu6(tail)) {  // the two layers' kernels, the activation in place
+      if (chain_ends_in_relu6(tail)) {  // the two layers' kernels, the activation in place
         ctx_.backend.bn_forward_apply(x.n(), x.c(), hw, x.data(), mean_.data(), invstd_.data(), weight("gamma:0"),
                                       weight("beta:0"), y.data());
         ctx_.backend.activation_forward(Activation::ReLU6, {}, y.size(), y.data(), y.data());
@@ -57,12 +57,12 @@ class BatchNormLayer : public Layer {
     return y;
   }
   Tensor backward_chain(Tensor& x, Tensor& y, Tensor dy, int tail, bool need_dx, bool dx_over_x) override {
-    check_input(x);
+    check_chain_input(x);
     if (!pools(tail)) {  // the ReLU's and the batch norm's backward in two passes, dx over dy
       if (dy.n() != x.n() || dy.c() != x.c() || dy.h() != x.h() || dy.w() != x.w() || y.size() != dy.size())
         throw std::logic_error(label() + ": the fused chain's output or its gradient does not match its input");
       const int64_t hw = int64_t(x.h()) * x.w();
-      if (relu6(tail)) {
+      if (chain_ends_in_relu6(tail)) {
         // Its gradient passes where 0 < x < 6, which is where 0 < y < 6: y stands for x.
         ctx_.backend.activation_backward(Activation::ReLU6, {}, y.size(), y.data(), y.data(), dy.data(), dy.data());
         plain_gradients(x, dy, need_dx ? dy.data() : nullptr);
@@ -219,13 +219,7 @@ class BatchNormLayer : public Layer {
   }
 
  private:
-  void check_input(const Tensor& x) const {
-    const Rect in = ctx_.plan.owned_input(index_, ctx_.rank);
-    if (x.n() != ctx_.local_batch || x.c() != spec().in.c || x.h() != in.rows.size() || x.w() != in.cols.size())
-      throw std::logic_error(label() + ": the fused chain's input is not the plan's");
-  }
   bool pools(int tail) const { return tail == index_ + 2; }  // else the chain ends at its activation
-  bool relu6(int tail) const { return model().layers[size_t(tail)].config.type() == "relu6"; }
   NormPoolShape chain_shape(const Tensor& x, int tail) const {
     const LayerSpec& pool = model().layers[size_t(tail)];
     return NormPoolShape{x.n(), x.c(), x.h(), x.w(), pool.rows.kernel, pool.cols.kernel};

@@ -110,6 +110,12 @@ Tensor Layer::forward_chain(const Tensor&, int, ForwardMode) {
   throw std::logic_error(label() + ": its kind heads no fused chain");
 }
 
+void Layer::check_chain_input(const Tensor& x) const {
+  const Rect in = ctx_.plan.owned_input(index_, ctx_.rank);
+  if (x.n() != ctx_.local_batch || x.c() != spec().in.c || x.h() != in.rows.size() || x.w() != in.cols.size())
+    throw std::logic_error(label() + ": the fused chain's input is not the plan's");
+}
+
 Tensor Layer::backward_chain(Tensor&, Tensor&, Tensor, int, bool, bool) {
   throw std::logic_error(label() + ": its kind heads no fused chain");
 }

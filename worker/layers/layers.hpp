@@ -95,6 +95,10 @@ class Layer {
   double collective_seconds() const { return collective_seconds_; }
 
  protected:
+  // For a chain's head: std::logic_error unless x is this rank's owned input at the
+  // training batch; whether the chain's activation (layer `tail`) is a ReLU6.
+  void check_chain_input(const Tensor& x) const;
+  bool chain_ends_in_relu6(int tail) const { return model().layers[size_t(tail)].config.type() == "relu6"; }
   // What a kind keeps between its forward and backward, dropped.
   virtual void release_kept() {}
   // Layers of one input implement these; joins (several inputs) the two below.

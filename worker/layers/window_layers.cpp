@@ -151,16 +151,13 @@ class Conv2DLayer : public WindowedLayer {
   // is never made.
   Tensor forward_chain(const Tensor& x, int tail, ForwardMode mode) override {
     if (mode == ForwardMode::Eval) throw std::logic_error(label() + ": a fused chain is for training");
-    const Rect in_rect = ctx_.plan.owned_input(index_, ctx_.rank);
-    if (x.n() != ctx_.local_batch || x.c() != spec().in.c || x.h() != in_rect.rows.size() ||
-        x.w() != in_rect.cols.size())
-      throw std::logic_error(label() + ": the fused chain's input is not the plan's");
+    check_chain_input(x);
     const Tensor& in = gather(x);
     const ConvGeom g = geom(in);
     Tensor y(ctx_.backend.allocator(), x.n(), spec().out.c, out_rect_.rows.size(), out_rect_.cols.size(),
              fmt::format("output of {} (rank {})", model().layers[size_t(tail)].config.name, ctx_.rank));
     check_output(g, y);
-    if (relu6(tail)) {
+    if (chain_ends_in_relu6(tail)) {
       kernel(g).forward(in.data(), weight(kernel_name_), weight("bias:0"), y.data());
       ctx_.backend.activation_forward(Activation::ReLU6, {}, y.size(), y.data(), y.data());
     } else if (!kernel(g).forward_relu(in.data(), weight(kernel_name_), weight("bias:0"), y.data())) {
@@ -174,7 +171,7 @@ class Conv2DLayer : public WindowedLayer {
   Tensor backward_chain(Tensor& x, Tensor& y, Tensor dy, int tail, bool need_dx, bool) override {
     if (y.size() != dy.size() || dy.c() != spec().out.c)
       throw std::logic_error(label() + ": the fused chain's output or its gradient does not match its forward");
-    if (relu6(tail))
+    if (chain_ends_in_relu6(tail))
       ctx_.backend.activation_backward(Activation::ReLU6, {}, y.size(), y.data(), y.data(), dy.data(), dy.data());
     else
       ctx_.backend.relu_backward(y.size(), y.data(), dy.data(), dy.data());
@@ -183,7 +180,6 @@ class Conv2DLayer : public WindowedLayer {
   }
 
  protected:
-  bool relu6(int tail) const { return model().layers[size_t(tail)].config.type() == "relu6"; }
   // Whether a training batch norm reads this layer's output as its shard's tile, taking its
   // statistics from it (not frozen: a frozen one normalises with its moving statistics).
   bool statistics_wanted() const {
